@@ -1,0 +1,83 @@
+//! DbPermits owns the number of order transactions allowed in flight. Intake takes a
+//! permit before it dispatches a message and stops pulling from RabbitMQ while none is
+//! free: that is the backpressure from PostgreSQL to the queue. A permit is returned
+//! when it is dropped, whatever the outcome of its transaction.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+pub struct DbPermits {
+    semaphore: Arc<Semaphore>,
+    capacity: usize,
+}
+
+/// A held permit; dropping it gives it back.
+#[derive(Debug)]
+pub struct Permit {
+    _inner: OwnedSemaphorePermit,
+}
+
+/// Waits for a free permit.
+#[derive(Message)]
+#[rtype(result = "Permit")]
+pub struct Acquire;
+
+/// Available and total permits.
+#[derive(Message)]
+#[rtype(result = "PermitStatus")]
+pub struct Status;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, MessageResponse)]
+pub struct PermitStatus {
+    pub available: usize,
+    pub capacity: usize,
+}
+
+impl DbPermits {
+    pub fn new(capacity: usize) -> Self {
+        metrics::gauge!("seckill_db_permits_capacity").set(capacity as f64);
+        Self {
+            semaphore: Arc::new(Semaphore::new(capacity)),
+            capacity,
+        }
+    }
+}
+
+impl Actor for DbPermits {
+    type Context = Context<Self>;
+}
+
+impl Handler<Acquire> for DbPermits {
+    type Result = ResponseFuture<Permit>;
+
+    fn handle(&mut self, _: Acquire, _: &mut Self::Context) -> Self::Result {
+        let semaphore = self.semaphore.clone();
+        Box::pin(async move {
+            let started = std::time::Instant::now();
+            // The semaphore is never closed, so acquiring can only wait, not fail.
+            let inner = loop {
+                if let Ok(p) = semaphore.clone().acquire_owned().await {
+                    break p;
+                }
+            };
+            metrics::histogram!("seckill_db_permit_wait_seconds")
+                .record(started.elapsed().as_secs_f64());
+            metrics::gauge!("seckill_db_permits_available")
+                .set(semaphore.available_permits() as f64);
+            Permit { _inner: inner }
+        })
+    }
+}
+
+impl Handler<Status> for DbPermits {
+    type Result = PermitStatus;
+
+    fn handle(&mut self, _: Status, _: &mut Self::Context) -> PermitStatus {
+        PermitStatus {
+            available: self.semaphore.available_permits(),
+            capacity: self.capacity,
+        }
+    }
+}

@@ -1,0 +1,282 @@
+//! Intake owns one consumed `order.create` shard queue: it decodes and validates each
+//! delivery, takes a DB permit before dispatching (and so stops pulling while none is
+//! free), hands the message to its reservation actor, and settles the delivery from the
+//! outcome: ack after commit, delayed retry for transient failures and unknown commits,
+//! dead-letter with a reason for poison. Nothing is acked before its effect (or its
+//! recorded rejection) is committed.
+
+use std::sync::Arc;
+
+use actix::prelude::*;
+use lapin::message::Delivery;
+use lapin::options::{BasicAckOptions, BasicRejectOptions};
+use lapin::types::{AMQPValue, LongString};
+use lapin::BasicProperties;
+use uuid::Uuid;
+
+use super::db_permits::{Acquire, DbPermits, Permit};
+use super::registry::{Registry, Route};
+use super::reservation::{ProcessOrder, ReservationActor};
+use crate::domain::message::{OrderCreateMessage, PoisonReason};
+use crate::domain::outcome::{disposition, Disposition, ErrorClass};
+use crate::mq::publisher::ConfirmedPublisher;
+
+/// Header carrying how many delayed retries a message has had.
+pub const RETRIES_HEADER: &str = "x-seckill-retries";
+/// Header carrying why a message was dead-lettered.
+pub const DEAD_REASON_HEADER: &str = "x-seckill-dead-reason";
+/// Header carrying the short kind of the dead-letter reason.
+pub const DEAD_KIND_HEADER: &str = "x-seckill-dead-kind";
+
+/// Where an intake sends what it cannot ack.
+#[derive(Clone)]
+pub struct IntakeRoutes {
+    /// The consumed queue.
+    pub queue: Arc<str>,
+    pub retry_queue: String,
+    pub dead_queue: String,
+    pub max_retries: u32,
+}
+
+pub struct Intake {
+    routes: IntakeRoutes,
+    publisher: ConfirmedPublisher,
+    permits: Addr<DbPermits>,
+    reservations: Addr<Registry<Uuid, ReservationActor>>,
+}
+
+impl Intake {
+    pub fn new(
+        routes: IntakeRoutes,
+        publisher: ConfirmedPublisher,
+        permits: Addr<DbPermits>,
+        reservations: Addr<Registry<Uuid, ReservationActor>>,
+    ) -> Self {
+        Self {
+            routes,
+            publisher,
+            permits,
+            reservations,
+        }
+    }
+}
+
+impl Actor for Intake {
+    type Context = Context<Self>;
+}
+
+impl StreamHandler<Result<Delivery, lapin::Error>> for Intake {
+    fn handle(&mut self, item: Result<Delivery, lapin::Error>, ctx: &mut Self::Context) {
+        let delivery = match item {
+            Ok(delivery) => delivery,
+            Err(e) => {
+                // lapin ends the stream right after an error; the broker redelivers
+                // everything that was not acked.
+                tracing::warn!(queue = %self.routes.queue, error = %e, "consumer failed");
+                return;
+            }
+        };
+        metrics::counter!("seckill_intake_messages_total", "result" => "received").increment(1);
+        let msg = match OrderCreateMessage::decode(&delivery.data) {
+            Ok(msg) => msg,
+            Err(reason) => {
+                let routes = self.routes.clone();
+                let publisher = self.publisher.clone();
+                ctx.spawn(
+                    async move { dead_letter(&publisher, &routes, delivery, &reason).await }
+                        .into_actor(self),
+                );
+                return;
+            }
+        };
+        // ctx.wait stops this actor from taking the next delivery until a permit is
+        // free: the prefetch window fills up and the broker stops sending.
+        let permits = self.permits.clone();
+        ctx.wait(
+            async move { permits.send(Acquire).await }
+                .into_actor(self)
+                .map(move |permit, intake, ctx| {
+                    let routes = intake.routes.clone();
+                    let publisher = intake.publisher.clone();
+                    let reservations = intake.reservations.clone();
+                    // Without a permit (the permit actor is gone: shutting down) the
+                    // message still goes the safe way: delayed retry.
+                    let permit = permit.ok();
+                    ctx.spawn(
+                        process(routes, publisher, reservations, delivery, msg, permit)
+                            .into_actor(intake),
+                    );
+                }),
+        );
+    }
+
+    fn finished(&mut self, ctx: &mut Self::Context) {
+        tracing::warn!(queue = %self.routes.queue, "consumer stream ended");
+        ctx.stop();
+    }
+}
+
+async fn process(
+    routes: IntakeRoutes,
+    publisher: ConfirmedPublisher,
+    reservations: Addr<Registry<Uuid, ReservationActor>>,
+    delivery: Delivery,
+    msg: OrderCreateMessage,
+    permit: Option<Permit>,
+) {
+    let message_id = msg.message_id;
+    let result = match permit {
+        None => Err(ErrorClass::Transient("no_permit")),
+        Some(_) => {
+            let route = Route {
+                key: msg.reservation_id,
+                msg: ProcessOrder {
+                    msg,
+                    topic: routes.queue.clone(),
+                },
+            };
+            match reservations.send(route).await {
+                Ok(Ok(result)) => result,
+                Ok(Err(_)) | Err(_) => Err(ErrorClass::Transient("actor_unavailable")),
+            }
+        }
+    };
+    // The transaction has ended: give the permit back before talking to the broker.
+    drop(permit);
+    match &result {
+        Ok(outcome) => {
+            metrics::counter!("seckill_orders_total", "outcome" => outcome.label()).increment(1);
+            tracing::debug!(%message_id, outcome = outcome.label(), order_id = outcome.order_id, "message processed");
+        }
+        Err(ErrorClass::CommitOutcomeUnknown) => {
+            metrics::counter!("seckill_order_commit_unknown_total").increment(1);
+            tracing::info!(%message_id, "commit outcome unknown; the redelivery will resolve it");
+        }
+        Err(_) => {}
+    }
+    match disposition(result.as_ref()) {
+        Disposition::Ack => ack(&delivery, &routes).await,
+        Disposition::Retry { reason } => retry(&publisher, &routes, delivery, reason).await,
+        Disposition::DeadLetter { reason } => {
+            let reason = PoisonReason::new("processing_failed", reason);
+            dead_letter(&publisher, &routes, delivery, &reason).await;
+        }
+    }
+}
+
+async fn ack(delivery: &Delivery, routes: &IntakeRoutes) {
+    if let Err(e) = delivery.acker.ack(BasicAckOptions::default()).await {
+        // The effect is committed; the redelivery will be answered by the inbox.
+        tracing::warn!(queue = %routes.queue, error = %e, "ack failed; the message will be redelivered");
+    }
+}
+
+fn retries_of(delivery: &Delivery) -> u32 {
+    let value = delivery
+        .properties
+        .headers()
+        .as_ref()
+        .and_then(|h| h.inner().get(RETRIES_HEADER).cloned());
+    match value {
+        Some(AMQPValue::LongLongInt(n)) => u32::try_from(n).unwrap_or(u32::MAX),
+        Some(AMQPValue::LongInt(n)) => u32::try_from(n).unwrap_or(u32::MAX),
+        Some(AMQPValue::LongUInt(n)) => n,
+        _ => 0,
+    }
+}
+
+/// Same body and properties, with extra headers.
+fn copy_properties(delivery: &Delivery, extra: &[(&str, AMQPValue)]) -> BasicProperties {
+    let mut headers = delivery.properties.headers().clone().unwrap_or_default();
+    for (name, value) in extra {
+        headers.insert((*name).into(), value.clone());
+    }
+    delivery.properties.clone().with_headers(headers)
+}
+
+/// Sends the message to the shard's retry queue (it comes back after the TTL), then
+/// acks the original. If the copy cannot be published, the original stays unacked and
+/// is redelivered when the channel closes: never lost, never acked early.
+async fn retry(
+    publisher: &ConfirmedPublisher,
+    routes: &IntakeRoutes,
+    delivery: Delivery,
+    reason: &'static str,
+) {
+    let retries = retries_of(&delivery);
+    if retries >= routes.max_retries {
+        let reason = PoisonReason::new(
+            "retries_exhausted",
+            format!("gave up after {retries} delayed retries; last reason: {reason}"),
+        );
+        dead_letter(publisher, routes, delivery, &reason).await;
+        return;
+    }
+    metrics::counter!("seckill_order_retries_total", "reason" => reason).increment(1);
+    let props = copy_properties(
+        &delivery,
+        &[(
+            RETRIES_HEADER,
+            AMQPValue::LongLongInt(i64::from(retries) + 1),
+        )],
+    );
+    match publisher
+        .publish("", &routes.retry_queue, &delivery.data, props)
+        .await
+    {
+        Ok(()) => ack(&delivery, routes).await,
+        Err(e) => {
+            tracing::warn!(queue = %routes.queue, error = %e, reason, "could not schedule a retry; leaving the message unacked");
+        }
+    }
+}
+
+/// Publishes the message to the dead-letter queue with its reason, then acks it. If
+/// that publish fails, rejects it without requeue so the queue's dead-letter exchange
+/// still moves it to the DLQ (without our reason header, which the log line carries).
+async fn dead_letter(
+    publisher: &ConfirmedPublisher,
+    routes: &IntakeRoutes,
+    delivery: Delivery,
+    reason: &PoisonReason,
+) {
+    let message_id = delivery
+        .properties
+        .message_id()
+        .as_ref()
+        .map(|id| id.to_string());
+    tracing::warn!(
+        queue = %routes.queue, message_id, kind = reason.kind, reason = %reason.detail,
+        "message dead-lettered"
+    );
+    metrics::counter!("seckill_dead_lettered_total", "kind" => reason.kind).increment(1);
+    let props = copy_properties(
+        &delivery,
+        &[
+            (
+                DEAD_REASON_HEADER,
+                AMQPValue::LongString(LongString::from(reason.detail.as_bytes().to_vec())),
+            ),
+            (
+                DEAD_KIND_HEADER,
+                AMQPValue::LongString(LongString::from(reason.kind.as_bytes().to_vec())),
+            ),
+        ],
+    );
+    match publisher
+        .publish("", &routes.dead_queue, &delivery.data, props)
+        .await
+    {
+        Ok(()) => ack(&delivery, routes).await,
+        Err(e) => {
+            tracing::warn!(queue = %routes.queue, error = %e, "dead-letter publish failed; rejecting to the queue's dead-letter exchange");
+            if let Err(e) = delivery
+                .acker
+                .reject(BasicRejectOptions { requeue: false })
+                .await
+            {
+                tracing::warn!(queue = %routes.queue, error = %e, "reject failed; the message will be redelivered");
+            }
+        }
+    }
+}

@@ -1,0 +1,277 @@
+//! The command-line interface: argument types (clap) and one function per command.
+//! `main.rs` parses, sets up telemetry and calls `run`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use anyhow::Context as _;
+use chrono::{DateTime, Utc};
+use clap::{Args, Parser, Subcommand};
+
+use crate::config::{self, Settings};
+use crate::engine::Engine;
+use crate::redis::keys::SkuKeys;
+use crate::store::activity::{create_activity, ActivitySpec};
+use crate::store::invariants::run_checks;
+use crate::store::{self, migrate};
+
+#[derive(Debug, Parser)]
+#[command(name = "seckill-engine", version, about = "Flash-sale order engine")]
+pub struct Cli {
+    /// A TOML file layered over config/default.toml (environment variables
+    /// SECKILL__SECTION__KEY override both).
+    #[arg(long, global = true, env = "SECKILL_CONFIG")]
+    pub config: Option<PathBuf>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Create the database if missing and apply pending migrations.
+    Migrate,
+    /// Validate the configuration and check that PostgreSQL, RabbitMQ and Redis answer.
+    Validate,
+    /// Run the engine until SIGINT or SIGTERM.
+    Serve,
+    /// Manage flash-sale activities.
+    #[command(subcommand)]
+    Activity(ActivityCommand),
+    /// Run the invariant checks (seed §13.3); exits non-zero if any is violated.
+    Check {
+        /// Only this activity.
+        #[arg(long)]
+        activity: Option<i64>,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+pub enum ActivityCommand {
+    /// Create an activity with one SKU split into inventory buckets, and load the
+    /// per-bucket stock into Redis for the front stage.
+    Create(CreateActivity),
+}
+
+#[derive(Debug, Args)]
+pub struct CreateActivity {
+    #[arg(long)]
+    pub activity: i64,
+    #[arg(long)]
+    pub sku: i64,
+    #[arg(long)]
+    pub stock: i32,
+    #[arg(long, default_value_t = 1)]
+    pub buckets: i16,
+    /// Unit price in minor units.
+    #[arg(long)]
+    pub price: i64,
+    #[arg(long, default_value = "CNY")]
+    pub currency: String,
+    #[arg(long, default_value = "Flash sale")]
+    pub title: String,
+    /// RFC 3339; default now.
+    #[arg(long)]
+    pub starts_at: Option<DateTime<Utc>>,
+    /// RFC 3339; default one day after the start.
+    #[arg(long)]
+    pub ends_at: Option<DateTime<Utc>>,
+    /// Unpaid orders are cancelled after this many seconds.
+    #[arg(long, default_value_t = 900)]
+    pub order_ttl: i64,
+}
+
+/// Runs a parsed command. Config errors and failed checks become a non-zero exit.
+pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    let settings = match Settings::load(cli.config.as_deref()) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::from(2));
+        }
+    };
+    crate::telemetry::init(&settings.telemetry);
+    match cli.command {
+        Command::Serve => {
+            // actix needs its own System; everything else runs on a plain runtime.
+            actix_rt::System::new().block_on(serve(settings))
+        }
+        command => {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .context("starting the runtime")?;
+            runtime.block_on(async move {
+                match command {
+                    Command::Migrate => migrate_cmd(&settings).await,
+                    Command::Validate => validate(&settings, cli.config.as_deref()).await,
+                    Command::Activity(ActivityCommand::Create(args)) => {
+                        activity_create(&settings, args).await
+                    }
+                    Command::Check { activity } => check(&settings, activity).await,
+                    Command::Serve => unreachable!("handled above"),
+                }
+            })
+        }
+    }
+}
+
+async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
+    let engine = Engine::start(&settings)
+        .await
+        .context("starting the engine")?;
+    wait_for_signal().await?;
+    tracing::info!("signal received, stopping");
+    engine.stop().await;
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn wait_for_signal() -> anyhow::Result<()> {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    tokio::select! {
+        r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
+        _ = term.recv() => {}
+    }
+    Ok(())
+}
+
+async fn migrate_cmd(settings: &Settings) -> anyhow::Result<ExitCode> {
+    let config = store::admin_pg_config(&settings.database)?;
+    let report = migrate::migrate(&config).await.context("migrating")?;
+    if report.database_created {
+        println!(
+            "created database {}",
+            config.get_dbname().unwrap_or_default()
+        );
+    }
+    if report.applied.is_empty() {
+        println!("schema is up to date");
+    }
+    for m in &report.applied {
+        println!("applied {m}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn validate(
+    settings: &Settings,
+    config_file: Option<&std::path::Path>,
+) -> anyhow::Result<ExitCode> {
+    let figment = config::figment(config_file);
+    let from = |key: &str| format!("{key} from {}", config::origin(&figment, key));
+    println!("ok   config");
+    let mut failed = false;
+    let mut report = |name: &str, key: &str, result: Result<String, String>| match result {
+        Ok(detail) => println!("ok   {name:<10} {detail} ({})", from(key)),
+        Err(e) => {
+            failed = true;
+            println!("FAIL {name:<10} {e} ({})", from(key));
+        }
+    };
+
+    let pg = async {
+        let config = store::pg_config(&settings.database)
+            .map_err(|e| format!("{:#}", anyhow::Error::from(e)))?;
+        let mut client = store::connect(&config)
+            .await
+            .map_err(|e| format!("{:#}", anyhow::Error::from(e)))?;
+        match migrate::verify(&mut client).await {
+            Ok(()) => Ok("reachable, schema current".to_owned()),
+            Err(e) => Err(format!("reachable, but {e}")),
+        }
+    };
+    report("postgres", "database.url", pg.await);
+
+    let amqp = async {
+        let conn = crate::mq::connect(&settings.amqp, "seckill-validate")
+            .await
+            .map_err(|e| format!("{:#}", anyhow::Error::from(e)))?;
+        let _ = conn.close(200, "validated".into()).await;
+        Ok("reachable".to_owned())
+    };
+    report("rabbitmq", "amqp.url", amqp.await);
+
+    let redis = async {
+        let mut conn = crate::redis::connect(&settings.redis)
+            .await
+            .map_err(|e| format!("{:#}", anyhow::Error::from(e)))?;
+        ::redis::cmd("PING")
+            .query_async::<String>(&mut conn)
+            .await
+            .map_err(|e| format!("{:#}", anyhow::Error::from(e)))?;
+        Ok("reachable".to_owned())
+    };
+    report("redis", "redis.url", redis.await);
+
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+async fn activity_create(settings: &Settings, args: CreateActivity) -> anyhow::Result<ExitCode> {
+    let starts_at = args.starts_at.unwrap_or_else(Utc::now);
+    let spec = ActivitySpec {
+        activity_id: args.activity,
+        sku_id: args.sku,
+        title: args.title,
+        stock: args.stock,
+        buckets: args.buckets,
+        unit_price: args.price,
+        currency: args.currency,
+        starts_at,
+        ends_at: args
+            .ends_at
+            .unwrap_or(starts_at + chrono::TimeDelta::days(1)),
+        order_ttl_ms: args.order_ttl.saturating_mul(1000),
+    };
+    let config = store::pg_config(&settings.database)?;
+    let mut client = store::connect(&config)
+        .await
+        .context("connecting to PostgreSQL")?;
+    migrate::verify(&mut client).await?;
+    let split = match create_activity(&mut client, &spec).await {
+        Ok(split) => split,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return Ok(ExitCode::FAILURE);
+        }
+    };
+    let keys = SkuKeys::new(&settings.redis.key_prefix, spec.activity_id, spec.sku_id);
+    let mut redis = crate::redis::connect(&settings.redis).await.context(
+        "connecting to Redis (the activity exists in PostgreSQL; its Redis stock is not loaded)",
+    )?;
+    crate::redis::load_stock(&mut redis, &keys, &split)
+        .await
+        .context("loading Redis stock (the activity exists in PostgreSQL)")?;
+    println!(
+        "created activity {} sku {}: stock {} over {} buckets",
+        spec.activity_id, spec.sku_id, spec.stock, spec.buckets
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+async fn check(settings: &Settings, activity: Option<i64>) -> anyhow::Result<ExitCode> {
+    let config = store::pg_config(&settings.database)?;
+    let client = store::connect(&config)
+        .await
+        .context("connecting to PostgreSQL")?;
+    let results = run_checks(&client, activity)
+        .await
+        .context("running checks")?;
+    let mut failed = false;
+    for r in &results {
+        let status = if r.ok() { "ok  " } else { "FAIL" };
+        failed |= !r.ok();
+        println!(
+            "{status} {:<30} {:>8}  {}",
+            r.name, r.violations, r.description
+        );
+    }
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}

@@ -1,0 +1,406 @@
+//! The typed settings tree: `config/default.toml` (compiled in, so the binary runs from
+//! any directory), then an optional file named by `--config`, then environment
+//! variables `SECKILL__SECTION__KEY`. Everything is validated once at start; an error
+//! names the key and where its value came from. Credentials live in `SecretString`
+//! and are never printed.
+
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use figment::providers::{Env, Format, Toml};
+use figment::value::{Dict, Map};
+use figment::{Figment, Metadata, Profile, Provider};
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+
+/// The defaults, compiled into the binary.
+const DEFAULTS: &str = include_str!("../config/default.toml");
+/// Prefix of environment overrides; `__` separates the path segments.
+pub const ENV_PREFIX: &str = "SECKILL__";
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// A source could not be read at all (e.g. a missing or unparsable file).
+    #[error("configuration: {0}")]
+    Load(String),
+    #[error("configuration key `{key}` (from {origin}): {reason}")]
+    Invalid {
+        key: String,
+        origin: String,
+        reason: String,
+    },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Settings {
+    pub database: DatabaseSettings,
+    pub amqp: AmqpSettings,
+    pub redis: RedisSettings,
+    pub engine: EngineSettings,
+    pub http: HttpSettings,
+    pub telemetry: TelemetrySettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct DatabaseSettings {
+    pub url: SecretString,
+    pub pool_size: u32,
+    pub connect_timeout_ms: u64,
+    pub acquire_timeout_ms: u64,
+    pub lock_timeout_ms: u64,
+    pub statement_timeout_ms: u64,
+    pub tx_max_attempts: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AmqpSettings {
+    pub url: SecretString,
+    pub namespace: String,
+    pub shards: u16,
+    pub owned_shards: Vec<u16>,
+    pub prefetch: u16,
+    pub retry_delay_ms: u64,
+    pub max_retries: u32,
+    pub consumer_group: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RedisSettings {
+    pub url: SecretString,
+    pub key_prefix: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct EngineSettings {
+    pub db_permits: u32,
+    pub node_id: u16,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HttpSettings {
+    pub addr: String,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum LogFormat {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct TelemetrySettings {
+    pub format: LogFormat,
+    pub level: String,
+}
+
+/// Where every value may come from, in increasing priority.
+pub fn figment(config_file: Option<&Path>) -> Figment {
+    let mut figment = Figment::from(Named {
+        name: "config/default.toml (built in)",
+        inner: Toml::string(DEFAULTS),
+    });
+    if let Some(path) = config_file {
+        // `file_exact` makes a missing --config file an error instead of a silent no-op.
+        figment = figment.merge(Toml::file_exact(path));
+    }
+    figment.merge(Env::prefixed(ENV_PREFIX).split("__"))
+}
+
+impl Settings {
+    /// Loads and validates the settings from the standard sources.
+    pub fn load(config_file: Option<&Path>) -> Result<Self, ConfigError> {
+        Self::from_figment(&figment(config_file))
+    }
+
+    /// Loads and validates settings from any figment (tests layer their own values).
+    pub fn from_figment(figment: &Figment) -> Result<Self, ConfigError> {
+        let settings: Settings = figment
+            .extract()
+            .map_err(|e| from_figment_error(figment, e))?;
+        settings.validate(figment)?;
+        Ok(settings)
+    }
+
+    fn validate(&self, figment: &Figment) -> Result<(), ConfigError> {
+        let invalid = |key: &str, reason: String| ConfigError::Invalid {
+            key: key.to_owned(),
+            origin: origin(figment, key),
+            reason,
+        };
+        let pg: tokio_postgres::Config = self
+            .database
+            .url
+            .expose_secret()
+            .parse()
+            .map_err(|e| invalid("database.url", format!("not a PostgreSQL URL: {e}")))?;
+        if pg.get_dbname().is_none() {
+            return Err(invalid("database.url", "names no database".into()));
+        }
+        if pg.get_hosts().is_empty() {
+            return Err(invalid("database.url", "names no host".into()));
+        }
+        if self.database.pool_size == 0 {
+            return Err(invalid("database.pool_size", "must be at least 1".into()));
+        }
+        for (key, value) in [
+            (
+                "database.connect_timeout_ms",
+                self.database.connect_timeout_ms,
+            ),
+            (
+                "database.acquire_timeout_ms",
+                self.database.acquire_timeout_ms,
+            ),
+            ("database.lock_timeout_ms", self.database.lock_timeout_ms),
+            (
+                "database.statement_timeout_ms",
+                self.database.statement_timeout_ms,
+            ),
+            ("amqp.retry_delay_ms", self.amqp.retry_delay_ms),
+        ] {
+            if value == 0 {
+                return Err(invalid(key, "must be greater than 0".into()));
+            }
+        }
+        if self.database.tx_max_attempts == 0 {
+            return Err(invalid(
+                "database.tx_max_attempts",
+                "must be at least 1".into(),
+            ));
+        }
+        self.amqp
+            .url
+            .expose_secret()
+            .parse::<lapin::uri::AMQPUri>()
+            .map_err(|e| invalid("amqp.url", format!("not an AMQP URL: {e}")))?;
+        if !is_name(&self.amqp.namespace) {
+            return Err(invalid(
+                "amqp.namespace",
+                "must be 1-64 characters of a-z, A-Z, 0-9, '_', '-' or '.'".into(),
+            ));
+        }
+        if self.amqp.shards == 0 || self.amqp.shards > 1024 {
+            return Err(invalid("amqp.shards", "must be between 1 and 1024".into()));
+        }
+        if let Some(shard) = self
+            .amqp
+            .owned_shards
+            .iter()
+            .find(|s| **s >= self.amqp.shards)
+        {
+            return Err(invalid(
+                "amqp.owned_shards",
+                format!(
+                    "shard {shard} does not exist (amqp.shards = {})",
+                    self.amqp.shards
+                ),
+            ));
+        }
+        if self.amqp.consumer_group.is_empty() || self.amqp.consumer_group.len() > 128 {
+            return Err(invalid(
+                "amqp.consumer_group",
+                "must be 1-128 characters".into(),
+            ));
+        }
+        redis::Client::open(self.redis.url.expose_secret())
+            .map_err(|e| invalid("redis.url", format!("not a Redis URL: {e}")))?;
+        if !is_name(&self.redis.key_prefix) {
+            return Err(invalid(
+                "redis.key_prefix",
+                "must be 1-64 characters of a-z, A-Z, 0-9, '_', '-' or '.'".into(),
+            ));
+        }
+        if self.engine.node_id > crate::domain::ids::MAX_NODE_ID {
+            return Err(invalid(
+                "engine.node_id",
+                format!("must be at most {}", crate::domain::ids::MAX_NODE_ID),
+            ));
+        }
+        self.http
+            .addr
+            .parse::<SocketAddr>()
+            .map_err(|e| invalid("http.addr", format!("not a socket address: {e}")))?;
+        tracing_subscriber::EnvFilter::try_new(&self.telemetry.level)
+            .map_err(|e| invalid("telemetry.level", format!("not a log filter: {e}")))?;
+        Ok(())
+    }
+
+    /// Permits default to the pool size: one order transaction per connection.
+    pub fn db_permits(&self) -> usize {
+        match self.engine.db_permits {
+            0 => self.database.pool_size as usize,
+            n => n as usize,
+        }
+    }
+
+    /// Unacked deliveries per consumed queue.
+    pub fn prefetch(&self) -> u16 {
+        match self.amqp.prefetch {
+            0 => u16::try_from(self.db_permits()).unwrap_or(u16::MAX),
+            n => n,
+        }
+    }
+
+    /// The shards this instance consumes.
+    pub fn owned_shards(&self) -> Vec<u16> {
+        if self.amqp.owned_shards.is_empty() {
+            (0..self.amqp.shards).collect()
+        } else {
+            self.amqp.owned_shards.clone()
+        }
+    }
+}
+
+impl DatabaseSettings {
+    pub fn acquire_timeout(&self) -> Duration {
+        Duration::from_millis(self.acquire_timeout_ms)
+    }
+    pub fn connect_timeout(&self) -> Duration {
+        Duration::from_millis(self.connect_timeout_ms)
+    }
+}
+
+/// Describes where the value of `key` came from, e.g. "environment variable
+/// SECKILL__DATABASE__URL" or "TOML file /etc/seckill.toml".
+pub fn origin(figment: &Figment, key: &str) -> String {
+    match figment.find_metadata(key) {
+        Some(meta) => describe(meta, key),
+        None => "no source (missing)".to_owned(),
+    }
+}
+
+fn describe(meta: &Metadata, key: &str) -> String {
+    if meta.name.contains("environment") {
+        return format!(
+            "environment variable {ENV_PREFIX}{}",
+            key.replace('.', "__").to_ascii_uppercase()
+        );
+    }
+    match &meta.source {
+        Some(source) => format!("{} {source}", meta.name),
+        None => meta.name.to_string(),
+    }
+}
+
+/// Turns figment's error (type mismatch, unknown or missing key) into one that names
+/// the key and its source the same way validation errors do.
+fn from_figment_error(figment: &Figment, e: figment::Error) -> ConfigError {
+    let key = e.path.join(".");
+    if key.is_empty() {
+        return ConfigError::Load(e.to_string());
+    }
+    let origin = match &e.metadata {
+        Some(meta) => describe(meta, &key),
+        None => origin(figment, &key),
+    };
+    ConfigError::Invalid {
+        key,
+        origin,
+        reason: e.kind.to_string(),
+    }
+}
+
+fn is_name(s: &str) -> bool {
+    !s.is_empty()
+        && s.len() <= 64
+        && s.chars()
+            .all(|c| c.is_ascii_alphanumeric() || matches!(c, '_' | '-' | '.'))
+}
+
+/// Gives a provider a readable name in error messages.
+struct Named<P> {
+    name: &'static str,
+    inner: P,
+}
+
+impl<P: Provider> Provider for Named<P> {
+    fn metadata(&self) -> Metadata {
+        Metadata::named(self.name)
+    }
+    fn data(&self) -> Result<Map<Profile, Dict>, figment::Error> {
+        self.inner.data()
+    }
+}
+
+#[cfg(test)]
+// Jail's closures must return figment's (large) error type.
+#[allow(clippy::result_large_err)]
+mod tests {
+    use super::*;
+    use figment::Jail;
+
+    #[test]
+    fn defaults_load_and_validate() {
+        Jail::expect_with(|_| {
+            let s = Settings::load(None).expect("defaults are valid");
+            assert_eq!(s.amqp.namespace, "seckill");
+            assert_eq!(s.db_permits(), s.database.pool_size as usize);
+            assert_eq!(s.owned_shards(), vec![0]);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn env_overrides_and_names_key_and_source_on_bad_type() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SECKILL__DATABASE__POOL_SIZE", "many");
+            let err = Settings::load(None).unwrap_err().to_string();
+            assert!(err.contains("pool_size"), "{err}");
+            assert!(err.contains("SECKILL__DATABASE__POOL_SIZE"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn semantic_error_names_key_and_env_source() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SECKILL__AMQP__SHARDS", "0");
+            let err = Settings::load(None).unwrap_err().to_string();
+            assert!(err.contains("amqp.shards"), "{err}");
+            assert!(err.contains("SECKILL__AMQP__SHARDS"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn file_error_names_the_file() {
+        Jail::expect_with(|jail| {
+            jail.create_file("bad.toml", "[database]\nurl = \"mysql://nope\"\n")?;
+            let err = Settings::load(Some(Path::new("bad.toml")))
+                .unwrap_err()
+                .to_string();
+            assert!(err.contains("database.url"), "{err}");
+            assert!(err.contains("bad.toml"), "{err}");
+            assert!(!err.contains("nope"), "a URL may hold a secret: {err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn unknown_key_is_rejected() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SECKILL__DATABASE__POOLSIZE", "3");
+            let err = Settings::load(None).unwrap_err().to_string();
+            assert!(err.contains("poolsize"), "{err}");
+            assert!(err.contains("SECKILL__DATABASE__POOLSIZE"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn missing_config_file_is_an_error() {
+        Jail::expect_with(|_| {
+            assert!(Settings::load(Some(Path::new("absent.toml"))).is_err());
+            Ok(())
+        });
+    }
+}

@@ -1,0 +1,208 @@
+//! The `order.create` message (seed §9.11 `OrderCreateMessage`): decoding and
+//! validation. A message that fails here is poison: it is dead-lettered with the
+//! reason and never retried.
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+/// Largest accepted body; anything bigger is rejected before parsing.
+pub const MAX_BODY_BYTES: usize = 16 * 1024;
+/// The seed's `order_no VARCHAR(40)`.
+pub const MAX_ORDER_NO_LEN: usize = 40;
+/// `seckill_sku.inventory_bucket_count BETWEEN 1 AND 256`.
+pub const MAX_BUCKET: i16 = 255;
+
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OrderCreateMessage {
+    pub message_id: Uuid,
+    pub request_id: Uuid,
+    pub reservation_id: Uuid,
+    /// Time-ordered id chosen by the front stage.
+    pub order_id: i64,
+    pub order_no: String,
+    pub activity_id: i64,
+    pub sku_id: i64,
+    pub user_id: i64,
+    /// The bucket the Redis reservation decremented; never changed later (§6.3).
+    pub inventory_bucket: i16,
+    /// Minor units (cents, fen).
+    pub unit_price: i64,
+    pub currency: String,
+    pub reserved_at: DateTime<Utc>,
+    pub reservation_ttl_ms: i64,
+    pub order_expire_at: DateTime<Utc>,
+}
+
+/// Why a message is poison. `kind` is a small fixed set (a metric label); `detail`
+/// is for the dead-letter header and the log.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{kind}: {detail}")]
+pub struct PoisonReason {
+    pub kind: &'static str,
+    pub detail: String,
+}
+
+impl PoisonReason {
+    pub fn new(kind: &'static str, detail: impl Into<String>) -> Self {
+        Self {
+            kind,
+            detail: detail.into(),
+        }
+    }
+}
+
+impl OrderCreateMessage {
+    /// Decodes and validates a body.
+    pub fn decode(body: &[u8]) -> Result<Self, PoisonReason> {
+        if body.len() > MAX_BODY_BYTES {
+            return Err(PoisonReason::new(
+                "too_large",
+                format!("body is {} bytes, limit {MAX_BODY_BYTES}", body.len()),
+            ));
+        }
+        let msg: Self = serde_json::from_slice(body).map_err(json_reason)?;
+        msg.validate()?;
+        Ok(msg)
+    }
+
+    pub fn validate(&self) -> Result<(), PoisonReason> {
+        let invalid = |field: &str, why: &str| {
+            Err(PoisonReason::new(
+                "invalid_value",
+                format!("{field}: {why}"),
+            ))
+        };
+        for (field, id) in [
+            ("message_id", self.message_id),
+            ("request_id", self.request_id),
+            ("reservation_id", self.reservation_id),
+        ] {
+            if id.is_nil() {
+                return invalid(field, "must not be the nil UUID");
+            }
+        }
+        for (field, id) in [
+            ("order_id", self.order_id),
+            ("activity_id", self.activity_id),
+            ("sku_id", self.sku_id),
+            ("user_id", self.user_id),
+        ] {
+            if id <= 0 {
+                return invalid(field, "must be positive");
+            }
+        }
+        if self.order_no.trim().is_empty() || self.order_no.len() > MAX_ORDER_NO_LEN {
+            return invalid("order_no", "must be 1-40 characters");
+        }
+        if !(0..=MAX_BUCKET).contains(&self.inventory_bucket) {
+            return invalid("inventory_bucket", "must be between 0 and 255");
+        }
+        if self.unit_price < 0 {
+            return invalid("unit_price", "must not be negative");
+        }
+        if self.currency.len() != 3 || !self.currency.bytes().all(|b| b.is_ascii_uppercase()) {
+            return invalid("currency", "must be three upper-case letters (ISO 4217)");
+        }
+        if self.reservation_ttl_ms <= 0 {
+            return invalid("reservation_ttl_ms", "must be positive");
+        }
+        if self.reservation_expires_at().is_none() {
+            return invalid("reservation_ttl_ms", "is out of range");
+        }
+        if self.order_expire_at <= self.reserved_at {
+            return invalid("order_expire_at", "must be after reserved_at");
+        }
+        Ok(())
+    }
+
+    /// `reserved_at + reservation_ttl`, the reservation's `expires_at`.
+    pub fn reservation_expires_at(&self) -> Option<DateTime<Utc>> {
+        self.reserved_at
+            .checked_add_signed(chrono::TimeDelta::try_milliseconds(
+                self.reservation_ttl_ms,
+            )?)
+    }
+}
+
+fn json_reason(e: serde_json::Error) -> PoisonReason {
+    use serde_json::error::Category;
+    let text = e.to_string();
+    let kind = match e.classify() {
+        Category::Io | Category::Syntax | Category::Eof => "malformed_json",
+        Category::Data if text.starts_with("unknown field") => "unknown_field",
+        Category::Data if text.starts_with("missing field") => "missing_field",
+        Category::Data => "invalid_value",
+    };
+    PoisonReason::new(kind, text)
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use serde_json::json;
+
+    pub fn sample() -> serde_json::Value {
+        json!({
+            "message_id": "0190f3b4-6b1e-7c3a-9f00-000000000001",
+            "request_id": "0190f3b4-6b1e-7c3a-9f00-000000000002",
+            "reservation_id": "0190f3b4-6b1e-7c3a-9f00-000000000003",
+            "order_id": 4242,
+            "order_no": "S4242",
+            "activity_id": 1, "sku_id": 2, "user_id": 3,
+            "inventory_bucket": 0,
+            "unit_price": 999, "currency": "CNY",
+            "reserved_at": "2026-11-30T10:00:00Z",
+            "reservation_ttl_ms": 60000,
+            "order_expire_at": "2026-11-30T10:15:00Z"
+        })
+    }
+
+    fn kind_of(v: serde_json::Value) -> &'static str {
+        OrderCreateMessage::decode(v.to_string().as_bytes())
+            .unwrap_err()
+            .kind
+    }
+
+    #[test]
+    fn valid_message_decodes() {
+        let m = OrderCreateMessage::decode(sample().to_string().as_bytes()).unwrap();
+        assert_eq!(m.order_id, 4242);
+        assert_eq!(
+            m.reservation_expires_at().unwrap().to_rfc3339(),
+            "2026-11-30T10:01:00+00:00"
+        );
+    }
+
+    #[test]
+    fn poison_is_classified() {
+        let mut v = sample();
+        v["extra"] = json!(1);
+        assert_eq!(kind_of(v), "unknown_field");
+        let mut v = sample();
+        v.as_object_mut().unwrap().remove("user_id");
+        assert_eq!(kind_of(v), "missing_field");
+        let mut v = sample();
+        v["unit_price"] = json!(-1);
+        assert_eq!(kind_of(v), "invalid_value");
+        let mut v = sample();
+        v["message_id"] = json!("not-a-uuid");
+        assert_eq!(kind_of(v), "invalid_value");
+        let mut v = sample();
+        v["currency"] = json!("cny");
+        assert_eq!(kind_of(v), "invalid_value");
+        let mut v = sample();
+        v["order_expire_at"] = json!("2026-11-30T09:00:00Z");
+        assert_eq!(kind_of(v), "invalid_value");
+        assert_eq!(
+            OrderCreateMessage::decode(b"{not json").unwrap_err().kind,
+            "malformed_json"
+        );
+        let big = vec![b' '; MAX_BODY_BYTES + 1];
+        assert_eq!(
+            OrderCreateMessage::decode(&big).unwrap_err().kind,
+            "too_large"
+        );
+    }
+}

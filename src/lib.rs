@@ -1,0 +1,12 @@
+//! seckill-engine: the PostgreSQL side of a flash-sale order system, built as actors.
+//! See DESIGN.md for the promises and the topology; `main.rs` only wires the CLI.
+
+pub mod actors;
+pub mod commands;
+pub mod config;
+pub mod domain;
+pub mod engine;
+pub mod mq;
+pub mod redis;
+pub mod store;
+pub mod telemetry;

@@ -1,0 +1,16 @@
+//! Entry point: parse the command line and hand over to the library.
+
+use std::process::ExitCode;
+
+use clap::Parser;
+use seckill_engine::commands::{run, Cli};
+
+fn main() -> ExitCode {
+    match run(Cli::parse()) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}

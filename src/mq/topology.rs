@@ -1,0 +1,175 @@
+//! Exchange and queue names (all prefixed by the configured namespace) and their
+//! idempotent declaration.
+//!
+//! ```text
+//! {ns}.orders (direct) --order.create.{shard}--> {ns}.order.create.{shard}   quorum, single active consumer
+//! {ns}.order.create.{shard}.retry   quorum, TTL = amqp.retry_delay_ms, dead-letters back to the shard
+//! {ns}.dead (direct) --order.create--> {ns}.order.create.dead
+//! {ns}.events (topic)                 outbox events (order.created, ...)
+//! ```
+//! Dead-lettering between quorum queues is at-least-once (RabbitMQ 3.10+), so a message
+//! moving from the retry queue back to its shard cannot be lost on a broker failure.
+
+use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{Channel, ExchangeKind};
+
+use super::MqError;
+
+/// Every name the engine uses, derived from the namespace.
+#[derive(Debug, Clone)]
+pub struct Names {
+    ns: String,
+}
+
+impl Names {
+    pub fn new(namespace: &str) -> Self {
+        Self {
+            ns: namespace.to_owned(),
+        }
+    }
+    pub fn orders_exchange(&self) -> String {
+        format!("{}.orders", self.ns)
+    }
+    pub fn order_routing_key(shard: u16) -> String {
+        format!("order.create.{shard}")
+    }
+    pub fn order_queue(&self, shard: u16) -> String {
+        format!("{}.order.create.{shard}", self.ns)
+    }
+    pub fn order_retry_queue(&self, shard: u16) -> String {
+        format!("{}.order.create.{shard}.retry", self.ns)
+    }
+    pub fn dead_exchange(&self) -> String {
+        format!("{}.dead", self.ns)
+    }
+    pub fn order_dead_queue(&self) -> String {
+        format!("{}.order.create.dead", self.ns)
+    }
+    pub fn events_exchange(&self) -> String {
+        format!("{}.events", self.ns)
+    }
+    /// Every queue of the order topology (for tests and tooling).
+    pub fn order_queues(&self, shards: u16) -> Vec<String> {
+        let mut queues = vec![self.order_dead_queue()];
+        for shard in 0..shards {
+            queues.push(self.order_queue(shard));
+            queues.push(self.order_retry_queue(shard));
+        }
+        queues
+    }
+    pub fn exchanges(&self) -> Vec<String> {
+        vec![
+            self.orders_exchange(),
+            self.dead_exchange(),
+            self.events_exchange(),
+        ]
+    }
+}
+
+const DEAD_ROUTING_KEY: &str = "order.create";
+
+fn text(s: &str) -> AMQPValue {
+    AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
+}
+
+fn quorum_args() -> FieldTable {
+    let mut args = FieldTable::default();
+    args.insert("x-queue-type".into(), text("quorum"));
+    args
+}
+
+fn at_least_once_dead_letter(args: &mut FieldTable, exchange: &str, routing_key: &str) {
+    args.insert("x-dead-letter-exchange".into(), text(exchange));
+    args.insert("x-dead-letter-routing-key".into(), text(routing_key));
+    args.insert("x-dead-letter-strategy".into(), text("at-least-once"));
+    // at-least-once dead-lettering requires reject-publish overflow.
+    args.insert("x-overflow".into(), text("reject-publish"));
+}
+
+fn durable() -> QueueDeclareOptions {
+    QueueDeclareOptions {
+        durable: true,
+        ..QueueDeclareOptions::default()
+    }
+}
+
+/// Declares the order topology for `shards` shards. Idempotent: declaring again with
+/// the same arguments is a no-op on the broker.
+pub async fn declare_order_topology(
+    channel: &Channel,
+    names: &Names,
+    shards: u16,
+    retry_delay_ms: u64,
+) -> Result<(), MqError> {
+    let exchange_opts = ExchangeDeclareOptions {
+        durable: true,
+        ..ExchangeDeclareOptions::default()
+    };
+    for (name, kind) in [
+        (names.orders_exchange(), ExchangeKind::Direct),
+        (names.dead_exchange(), ExchangeKind::Direct),
+        (names.events_exchange(), ExchangeKind::Topic),
+    ] {
+        channel
+            .exchange_declare(
+                name.as_str().into(),
+                kind,
+                exchange_opts,
+                FieldTable::default(),
+            )
+            .await?;
+    }
+
+    let dead = names.order_dead_queue();
+    channel
+        .queue_declare(dead.as_str().into(), durable(), quorum_args())
+        .await?;
+    channel
+        .queue_bind(
+            dead.as_str().into(),
+            names.dead_exchange().as_str().into(),
+            DEAD_ROUTING_KEY.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+
+    for shard in 0..shards {
+        let queue = names.order_queue(shard);
+        let routing_key = Names::order_routing_key(shard);
+        let mut args = quorum_args();
+        // Several instances may consume a shard; only one is active, the others
+        // stand by and RabbitMQ fails over to them.
+        args.insert("x-single-active-consumer".into(), AMQPValue::Boolean(true));
+        // A rejected message (fallback path of poison handling) goes to the DLQ.
+        at_least_once_dead_letter(&mut args, &names.dead_exchange(), DEAD_ROUTING_KEY);
+        channel
+            .queue_declare(queue.as_str().into(), durable(), args)
+            .await?;
+        channel
+            .queue_bind(
+                queue.as_str().into(),
+                names.orders_exchange().as_str().into(),
+                routing_key.as_str().into(),
+                QueueBindOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+
+        let mut retry_args = quorum_args();
+        retry_args.insert(
+            "x-message-ttl".into(),
+            AMQPValue::LongLongInt(i64::try_from(retry_delay_ms).unwrap_or(i64::MAX)),
+        );
+        at_least_once_dead_letter(&mut retry_args, &names.orders_exchange(), &routing_key);
+        channel
+            .queue_declare(
+                names.order_retry_queue(shard).as_str().into(),
+                durable(),
+                retry_args,
+            )
+            .await?;
+    }
+    Ok(())
+}

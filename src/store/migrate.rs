@@ -1,0 +1,124 @@
+//! Schema migrations (refinery, files in `migrations/`), creating the database when it
+//! is missing, and the start-up check that refuses to run on an unmigrated or diverged
+//! schema.
+
+use tokio_postgres::Client;
+
+use super::{connect, StoreError};
+
+refinery::embed_migrations!("migrations");
+
+#[derive(Debug, thiserror::Error)]
+pub enum MigrateError {
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    #[error("database: {0}")]
+    Db(#[from] tokio_postgres::Error),
+    #[error("migration: {0}")]
+    Refinery(#[from] refinery::Error),
+    #[error("the database is not migrated (applied {applied} of {known} migrations): run `seckill-engine migrate`")]
+    Behind { applied: usize, known: usize },
+    #[error("the database schema diverged from this build: {0}; refusing to run")]
+    Diverged(String),
+}
+
+/// Creates the configured database if it does not exist (connecting to the server's
+/// `postgres` maintenance database), then applies pending migrations. Idempotent.
+pub async fn migrate(config: &tokio_postgres::Config) -> Result<MigrationReport, MigrateError> {
+    let created = ensure_database(config).await?;
+    let mut client = connect(config).await?;
+    let report = migrations::runner()
+        .set_abort_divergent(true)
+        .set_abort_missing(true)
+        .run_async(&mut client)
+        .await?;
+    Ok(MigrationReport {
+        database_created: created,
+        applied: report
+            .applied_migrations()
+            .iter()
+            .map(|m| m.to_string())
+            .collect(),
+    })
+}
+
+#[derive(Debug)]
+pub struct MigrationReport {
+    pub database_created: bool,
+    pub applied: Vec<String>,
+}
+
+async fn ensure_database(config: &tokio_postgres::Config) -> Result<bool, MigrateError> {
+    let Some(name) = config.get_dbname() else {
+        return Err(StoreError::Url("the database URL names no database".into()).into());
+    };
+    let mut admin = config.clone();
+    admin.dbname("postgres");
+    let client = connect(&admin).await?;
+    let exists = client
+        .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
+        .await?
+        .is_some();
+    if exists {
+        return Ok(false);
+    }
+    // CREATE DATABASE takes no bind parameters; the name is quoted as an identifier.
+    let sql = format!("CREATE DATABASE {}", quote_ident(name));
+    match client.batch_execute(&sql).await {
+        Ok(()) => Ok(true),
+        // Another process created it between our check and our CREATE.
+        Err(e) if e.code() == Some(&tokio_postgres::error::SqlState::DUPLICATE_DATABASE) => {
+            Ok(false)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Fails unless every migration of this build is applied, with the same checksums,
+/// and the database knows no migration this build does not.
+pub async fn verify(client: &mut Client) -> Result<(), MigrateError> {
+    let known = migrations::runner().get_migrations().clone();
+    let has_table = client
+        .query_one(
+            "SELECT to_regclass('public.refinery_schema_history') IS NOT NULL",
+            &[],
+        )
+        .await?
+        .get::<_, bool>(0);
+    if !has_table {
+        return Err(MigrateError::Behind {
+            applied: 0,
+            known: known.len(),
+        });
+    }
+    let applied = migrations::runner()
+        .get_applied_migrations_async(client)
+        .await?;
+    for migration in &applied {
+        match known.iter().find(|k| k.version() == migration.version()) {
+            None => {
+                return Err(MigrateError::Diverged(format!(
+                    "migration {migration} is applied but unknown to this build"
+                )))
+            }
+            Some(k) if k.checksum() != migration.checksum() || k.name() != migration.name() => {
+                return Err(MigrateError::Diverged(format!(
+                    "migration {migration} was applied with different contents"
+                )))
+            }
+            Some(_) => {}
+        }
+    }
+    if applied.len() < known.len() {
+        return Err(MigrateError::Behind {
+            applied: applied.len(),
+            known: known.len(),
+        });
+    }
+    Ok(())
+}
+
+/// Quotes an SQL identifier (only for DDL, which cannot take bind parameters).
+pub fn quote_ident(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}

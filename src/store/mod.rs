@@ -1,0 +1,171 @@
+//! PostgreSQL: the connection pool, migrations, and one module per flow with its SQL
+//! next to the Rust that runs it. Everything the engine promises is decided here,
+//! inside transactions; the actors only decide *when* these functions run.
+
+pub mod activity;
+pub mod invariants;
+pub mod migrate;
+pub mod orders;
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use bb8_postgres::PostgresConnectionManager;
+use secrecy::ExposeSecret;
+use tokio_postgres::{Client, NoTls, Statement};
+
+use crate::config::DatabaseSettings;
+use crate::domain::outcome::{classify_sqlstate, ErrorClass};
+
+pub type Pool = bb8::Pool<PgManager>;
+pub type PooledConn<'a> = bb8::PooledConnection<'a, PgManager>;
+
+#[derive(Debug, thiserror::Error)]
+pub enum StoreError {
+    #[error("timed out waiting for a pooled connection")]
+    PoolTimeout,
+    #[error("database: {0}")]
+    Db(#[from] tokio_postgres::Error),
+    /// COMMIT was sent and the connection failed before the answer (§7.5).
+    #[error("commit outcome unknown: {0}")]
+    CommitOutcomeUnknown(tokio_postgres::Error),
+    /// The data contradicts the model (e.g. an order id collision): an operator must look.
+    #[error("anomaly: {0}")]
+    Anomaly(String),
+    #[error("invalid database URL: {0}")]
+    Url(String),
+}
+
+impl StoreError {
+    pub fn class(&self) -> ErrorClass {
+        match self {
+            StoreError::PoolTimeout => ErrorClass::Transient("pool_timeout"),
+            StoreError::Db(e) => match e.code() {
+                Some(state) => classify_sqlstate(state.code()),
+                // No SQLSTATE: the connection broke before COMMIT was sent, so
+                // nothing was committed.
+                None => ErrorClass::Transient("connection"),
+            },
+            StoreError::CommitOutcomeUnknown(_) => ErrorClass::CommitOutcomeUnknown,
+            StoreError::Anomaly(reason) => ErrorClass::Fatal(reason.clone()),
+            StoreError::Url(reason) => ErrorClass::Fatal(reason.clone()),
+        }
+    }
+
+    /// The SQLSTATE, for logs.
+    pub fn sqlstate(&self) -> Option<&str> {
+        match self {
+            StoreError::Db(e) | StoreError::CommitOutcomeUnknown(e) => e.code().map(|c| c.code()),
+            _ => None,
+        }
+    }
+}
+
+impl From<bb8::RunError<tokio_postgres::Error>> for StoreError {
+    fn from(e: bb8::RunError<tokio_postgres::Error>) -> Self {
+        match e {
+            bb8::RunError::User(e) => StoreError::Db(e),
+            bb8::RunError::TimedOut => StoreError::PoolTimeout,
+        }
+    }
+}
+
+/// Parses the configured URL and points the session at the `seckill` schema, so the
+/// SQL in this module can name tables without a schema prefix.
+pub fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, StoreError> {
+    let mut config = admin_pg_config(settings)?;
+    config.options("-c search_path=seckill,public");
+    Ok(config)
+}
+
+/// The configured URL with the server's default search_path, for migrations: refinery
+/// keeps its history table in `public` and must find it there on every run.
+pub fn admin_pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, StoreError> {
+    let mut config: tokio_postgres::Config = settings
+        .url
+        .expose_secret()
+        .parse()
+        .map_err(|e| StoreError::Url(format!("{e}")))?;
+    config
+        .connect_timeout(settings.connect_timeout())
+        .application_name("seckill-engine");
+    Ok(config)
+}
+
+/// A pooled connection with its own cache of prepared statements: the hot path sends
+/// Bind/Execute only, instead of a Parse round trip per statement. The fields are
+/// public so a transaction can borrow `client` while `statements` stays usable.
+pub struct PgConn {
+    pub client: Client,
+    pub statements: StatementCache,
+}
+
+/// The per-connection statement cache, keyed by the static SQL text.
+#[derive(Default)]
+pub struct StatementCache(HashMap<&'static str, Statement>);
+
+impl StatementCache {
+    /// The prepared statement for `sql`, preparing it on first use on this connection.
+    pub async fn get<C: tokio_postgres::GenericClient>(
+        &mut self,
+        client: &C,
+        sql: &'static str,
+    ) -> Result<Statement, tokio_postgres::Error> {
+        if let Some(stmt) = self.0.get(sql) {
+            return Ok(stmt.clone());
+        }
+        let stmt = client.prepare(sql).await?;
+        self.0.insert(sql, stmt.clone());
+        Ok(stmt)
+    }
+}
+
+/// bb8 manager that wraps bb8-postgres and adds the statement cache.
+pub struct PgManager {
+    inner: PostgresConnectionManager<NoTls>,
+}
+
+impl bb8::ManageConnection for PgManager {
+    type Connection = PgConn;
+    type Error = tokio_postgres::Error;
+
+    async fn connect(&self) -> Result<PgConn, tokio_postgres::Error> {
+        let client = self.inner.connect().await?;
+        Ok(PgConn {
+            client,
+            statements: StatementCache::default(),
+        })
+    }
+
+    async fn is_valid(&self, conn: &mut PgConn) -> Result<(), tokio_postgres::Error> {
+        self.inner.is_valid(&mut conn.client).await
+    }
+
+    fn has_broken(&self, conn: &mut PgConn) -> bool {
+        conn.client.is_closed()
+    }
+}
+
+/// Builds the pool without connecting; the first `get` opens connections. Create it on
+/// a runtime that lives as long as the engine: connection tasks are spawned there.
+pub fn build_pool(settings: &DatabaseSettings) -> Result<Pool, StoreError> {
+    let manager = PgManager {
+        inner: PostgresConnectionManager::new(pg_config(settings)?, NoTls),
+    };
+    Ok(bb8::Pool::builder()
+        .max_size(settings.pool_size)
+        .connection_timeout(settings.acquire_timeout())
+        .idle_timeout(Some(Duration::from_secs(300)))
+        .build_unchecked(manager))
+}
+
+/// Connects one client outside the pool (migrations, CLI commands).
+pub async fn connect(config: &tokio_postgres::Config) -> Result<Client, tokio_postgres::Error> {
+    let (client, connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        if let Err(e) = connection.await {
+            tracing::debug!(error = %e, "PostgreSQL connection closed");
+        }
+    });
+    Ok(client)
+}
