@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 use crate::actors::bucket::{BucketActor, BucketKey, BucketShared};
 use crate::actors::db_permits::DbPermits;
-use crate::actors::intake::{Intake, IntakeRoutes};
+use crate::actors::intake::{Intake, IntakeRoutes, IntakeStats};
 use crate::actors::registry::Registry;
 use crate::actors::reservation::ReservationActor;
 use crate::config::Settings;
@@ -43,6 +43,8 @@ pub struct Engine {
     pool: Pool,
     amqp: lapin::Connection,
     permits: Addr<DbPermits>,
+    stats: Arc<IntakeStats>,
+    reservations: Addr<Registry<Uuid, ReservationActor>>,
     /// Each stops on its own when its consumer stream ends.
     _intakes: Vec<Addr<Intake>>,
 }
@@ -85,6 +87,7 @@ impl Engine {
         })
         .start();
 
+        let stats = Arc::new(IntakeStats::default());
         let mut intakes = Vec::new();
         for shard in settings.owned_shards() {
             let queue = names.order_queue(shard);
@@ -105,13 +108,15 @@ impl Engine {
                 retry_queue: names.order_retry_queue(shard),
                 dead_queue: names.order_dead_queue(),
                 max_retries: settings.amqp.max_retries,
+                retry_delay: std::time::Duration::from_millis(settings.amqp.retry_delay_ms),
             };
             let publisher = ConfirmedPublisher::open(&amqp).await?;
             let permits = permits.clone();
             let reservations = reservations.clone();
+            let stats = stats.clone();
             intakes.push(Intake::create(move |ctx| {
                 ctx.add_stream(consumer);
-                Intake::new(routes, publisher, permits, reservations)
+                Intake::new(stats, routes, publisher, permits, reservations)
             }));
         }
         tracing::info!(
@@ -125,6 +130,8 @@ impl Engine {
             pool,
             amqp,
             permits,
+            stats,
+            reservations,
             _intakes: intakes,
         })
     }
@@ -135,6 +142,15 @@ impl Engine {
 
     pub fn permits(&self) -> &Addr<DbPermits> {
         &self.permits
+    }
+
+    /// Deliveries received and not yet settled, across all intakes.
+    pub fn intake_stats(&self) -> Arc<IntakeStats> {
+        self.stats.clone()
+    }
+
+    pub fn reservations(&self) -> &Addr<Registry<Uuid, ReservationActor>> {
+        &self.reservations
     }
 
     /// Closes the AMQP connection: the broker requeues every unacked delivery, and a

@@ -5,11 +5,12 @@
 //! dead-letter with a reason for poison. Nothing is acked before its effect (or its
 //! recorded rejection) is committed.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use actix::prelude::*;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicRejectOptions};
+use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 use lapin::types::{AMQPValue, LongString};
 use lapin::BasicProperties;
 use uuid::Uuid;
@@ -36,9 +37,46 @@ pub struct IntakeRoutes {
     pub retry_queue: String,
     pub dead_queue: String,
     pub max_retries: u32,
+    /// How long a message waits before it is tried again.
+    pub retry_delay: std::time::Duration,
+}
+
+/// Deliveries received and not yet settled (acked, retried or dead-lettered), shared
+/// by every intake of an engine. The broker's unacked count for our consumers is the
+/// same number, so its peak shows that prefetch and permits bound the work in memory.
+#[derive(Debug, Default)]
+pub struct IntakeStats {
+    in_flight: AtomicUsize,
+    peak: AtomicUsize,
+}
+
+impl IntakeStats {
+    pub fn in_flight(&self) -> usize {
+        self.in_flight.load(Ordering::Relaxed)
+    }
+    pub fn peak(&self) -> usize {
+        self.peak.load(Ordering::Relaxed)
+    }
+    fn enter(self: &Arc<Self>) -> InFlight {
+        let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
+        self.peak.fetch_max(now, Ordering::Relaxed);
+        metrics::gauge!("seckill_intake_in_flight").set(now as f64);
+        InFlight(self.clone())
+    }
+}
+
+/// One unsettled delivery; dropping it counts the delivery as settled.
+struct InFlight(Arc<IntakeStats>);
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        let now = self.0.in_flight.fetch_sub(1, Ordering::Relaxed) - 1;
+        metrics::gauge!("seckill_intake_in_flight").set(now as f64);
+    }
 }
 
 pub struct Intake {
+    stats: Arc<IntakeStats>,
     routes: IntakeRoutes,
     publisher: ConfirmedPublisher,
     permits: Addr<DbPermits>,
@@ -47,12 +85,14 @@ pub struct Intake {
 
 impl Intake {
     pub fn new(
+        stats: Arc<IntakeStats>,
         routes: IntakeRoutes,
         publisher: ConfirmedPublisher,
         permits: Addr<DbPermits>,
         reservations: Addr<Registry<Uuid, ReservationActor>>,
     ) -> Self {
         Self {
+            stats,
             routes,
             publisher,
             permits,
@@ -77,35 +117,42 @@ impl StreamHandler<Result<Delivery, lapin::Error>> for Intake {
             }
         };
         metrics::counter!("seckill_intake_messages_total", "result" => "received").increment(1);
+        let in_flight = self.stats.enter();
         let msg = match OrderCreateMessage::decode(&delivery.data) {
             Ok(msg) => msg,
             Err(reason) => {
                 let routes = self.routes.clone();
                 let publisher = self.publisher.clone();
-                ctx.spawn(
-                    async move { dead_letter(&publisher, &routes, delivery, &reason).await }
-                        .into_actor(self),
-                );
+                actix::spawn(async move {
+                    dead_letter(&publisher, &routes, delivery, &reason, in_flight).await;
+                });
                 return;
             }
         };
         // ctx.wait stops this actor from taking the next delivery until a permit is
-        // free: the prefetch window fills up and the broker stops sending.
+        // free: the prefetch window fills up and the broker stops sending. The work
+        // itself runs as a task of its own: actix does not poll futures spawned into
+        // a context while that context waits, and those futures hold the permits.
         let permits = self.permits.clone();
         ctx.wait(
             async move { permits.send(Acquire).await }
                 .into_actor(self)
-                .map(move |permit, intake, ctx| {
+                .map(move |permit, intake, _| {
                     let routes = intake.routes.clone();
                     let publisher = intake.publisher.clone();
                     let reservations = intake.reservations.clone();
                     // Without a permit (the permit actor is gone: shutting down) the
                     // message still goes the safe way: delayed retry.
                     let permit = permit.ok();
-                    ctx.spawn(
-                        process(routes, publisher, reservations, delivery, msg, permit)
-                            .into_actor(intake),
-                    );
+                    actix::spawn(process(
+                        routes,
+                        publisher,
+                        reservations,
+                        delivery,
+                        msg,
+                        permit,
+                        in_flight,
+                    ));
                 }),
         );
     }
@@ -123,6 +170,7 @@ async fn process(
     delivery: Delivery,
     msg: OrderCreateMessage,
     permit: Option<Permit>,
+    in_flight: InFlight,
 ) {
     let message_id = msg.message_id;
     let result = match permit {
@@ -155,16 +203,21 @@ async fn process(
         Err(_) => {}
     }
     match disposition(result.as_ref()) {
-        Disposition::Ack => ack(&delivery, &routes).await,
-        Disposition::Retry { reason } => retry(&publisher, &routes, delivery, reason).await,
+        Disposition::Ack => ack(&delivery, &routes, in_flight).await,
+        Disposition::Retry { reason } => {
+            retry(&publisher, &routes, delivery, reason, in_flight).await
+        }
         Disposition::DeadLetter { reason } => {
             let reason = PoisonReason::new("processing_failed", reason);
-            dead_letter(&publisher, &routes, delivery, &reason).await;
+            dead_letter(&publisher, &routes, delivery, &reason, in_flight).await;
         }
     }
 }
 
-async fn ack(delivery: &Delivery, routes: &IntakeRoutes) {
+/// Acks a delivery. The in-flight count drops just before the ack is sent, so it
+/// never exceeds what the broker counts as unacked.
+async fn ack(delivery: &Delivery, routes: &IntakeRoutes, in_flight: InFlight) {
+    drop(in_flight);
     if let Err(e) = delivery.acker.ack(BasicAckOptions::default()).await {
         // The effect is committed; the redelivery will be answered by the inbox.
         tracing::warn!(queue = %routes.queue, error = %e, "ack failed; the message will be redelivered");
@@ -195,13 +248,14 @@ fn copy_properties(delivery: &Delivery, extra: &[(&str, AMQPValue)]) -> BasicPro
 }
 
 /// Sends the message to the shard's retry queue (it comes back after the TTL), then
-/// acks the original. If the copy cannot be published, the original stays unacked and
-/// is redelivered when the channel closes: never lost, never acked early.
+/// acks the original. If the copy cannot be published, the original is requeued after
+/// the delay instead: never lost, never acked early.
 async fn retry(
     publisher: &ConfirmedPublisher,
     routes: &IntakeRoutes,
     delivery: Delivery,
     reason: &'static str,
+    in_flight: InFlight,
 ) {
     let retries = retries_of(&delivery);
     if retries >= routes.max_retries {
@@ -209,7 +263,7 @@ async fn retry(
             "retries_exhausted",
             format!("gave up after {retries} delayed retries; last reason: {reason}"),
         );
-        dead_letter(publisher, routes, delivery, &reason).await;
+        dead_letter(publisher, routes, delivery, &reason, in_flight).await;
         return;
     }
     metrics::counter!("seckill_order_retries_total", "reason" => reason).increment(1);
@@ -224,9 +278,23 @@ async fn retry(
         .publish("", &routes.retry_queue, &delivery.data, props)
         .await
     {
-        Ok(()) => ack(&delivery, routes).await,
+        Ok(()) => ack(&delivery, routes, in_flight).await,
         Err(e) => {
-            tracing::warn!(queue = %routes.queue, error = %e, reason, "could not schedule a retry; leaving the message unacked");
+            // The broker would not take the copy; fall back to a requeue, after the
+            // same delay, so a sick broker is not hammered.
+            tracing::warn!(queue = %routes.queue, error = %e, reason, "could not schedule a retry; requeueing after the delay");
+            tokio::time::sleep(routes.retry_delay).await;
+            drop(in_flight);
+            if let Err(e) = delivery
+                .acker
+                .nack(BasicNackOptions {
+                    requeue: true,
+                    ..BasicNackOptions::default()
+                })
+                .await
+            {
+                tracing::warn!(queue = %routes.queue, error = %e, "nack failed; the message will be redelivered");
+            }
         }
     }
 }
@@ -239,6 +307,7 @@ async fn dead_letter(
     routes: &IntakeRoutes,
     delivery: Delivery,
     reason: &PoisonReason,
+    in_flight: InFlight,
 ) {
     let message_id = delivery
         .properties
@@ -267,9 +336,10 @@ async fn dead_letter(
         .publish("", &routes.dead_queue, &delivery.data, props)
         .await
     {
-        Ok(()) => ack(&delivery, routes).await,
+        Ok(()) => ack(&delivery, routes, in_flight).await,
         Err(e) => {
             tracing::warn!(queue = %routes.queue, error = %e, "dead-letter publish failed; rejecting to the queue's dead-letter exchange");
+            drop(in_flight);
             if let Err(e) = delivery
                 .acker
                 .reject(BasicRejectOptions { requeue: false })

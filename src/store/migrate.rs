@@ -122,3 +122,15 @@ pub async fn verify(client: &mut Client) -> Result<(), MigrateError> {
 pub fn quote_ident(name: &str) -> String {
     format!("\"{}\"", name.replace('"', "\"\""))
 }
+
+/// A fingerprint of the embedded migrations (versions and checksums): tests key their
+/// migrated template database on it.
+pub fn fingerprint() -> u64 {
+    migrations::runner()
+        .get_migrations()
+        .iter()
+        .fold(0xcbf2_9ce4_8422_2325_u64, |acc, m| {
+            (acc ^ m.checksum() ^ u64::from(m.version().unsigned_abs()))
+                .wrapping_mul(0x100_0000_01b3)
+        })
+}

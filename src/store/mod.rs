@@ -24,16 +24,27 @@ pub type PooledConn<'a> = bb8::PooledConnection<'a, PgManager>;
 pub enum StoreError {
     #[error("timed out waiting for a pooled connection")]
     PoolTimeout,
-    #[error("database: {0}")]
+    #[error("database: {}", describe(.0))]
     Db(#[from] tokio_postgres::Error),
     /// COMMIT was sent and the connection failed before the answer (§7.5).
-    #[error("commit outcome unknown: {0}")]
+    #[error("commit outcome unknown: {}", describe(.0))]
     CommitOutcomeUnknown(tokio_postgres::Error),
     /// The data contradicts the model (e.g. an order id collision): an operator must look.
     #[error("anomaly: {0}")]
     Anomaly(String),
     #[error("invalid database URL: {0}")]
     Url(String),
+}
+
+/// tokio-postgres' Display says only "db error"; the server's message is in the source.
+pub fn describe(e: &tokio_postgres::Error) -> String {
+    match e.as_db_error() {
+        Some(db) => format!("{} (SQLSTATE {})", db.message(), db.code().code()),
+        None => match std::error::Error::source(e) {
+            Some(source) => format!("{e}: {source}"),
+            None => e.to_string(),
+        },
+    }
 }
 
 impl StoreError {

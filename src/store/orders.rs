@@ -668,7 +668,7 @@ INSERT INTO inventory_ledger (
     before_available, after_available, before_allocated, after_allocated, reason
 )
 VALUES (
-    $1, 'ALLOCATE:' || $2::text, $2, $3, $4, $5, $6, $7, $8, $9,
+    $1, 'ALLOCATE:' || $2::uuid::text, $2, $3, $4, $5, $6, $7, $8, $9,
     -1, 1, $10, $11, $12, $13, 'ORDER_CREATED'
 )
 ON CONFLICT (idempotency_key) DO NOTHING";

@@ -1,0 +1,82 @@
+//! Runs an engine in-process, on its own thread with its own actix System, so a test
+//! can stop it gracefully or drop it abruptly (a crash: connections vanish, unacked
+//! messages return to the queue, open transactions roll back).
+
+use std::sync::Arc;
+use std::thread::JoinHandle;
+
+use seckill_engine::actors::intake::IntakeStats;
+use seckill_engine::config::Settings;
+use seckill_engine::engine::Engine;
+use tokio::sync::oneshot;
+
+pub struct EngineHandle {
+    stop: Option<oneshot::Sender<()>>,
+    thread: Option<JoinHandle<()>>,
+    pub stats: Arc<IntakeStats>,
+}
+
+impl EngineHandle {
+    pub async fn start(settings: &Settings) -> EngineHandle {
+        let settings = settings.clone();
+        let (ready_tx, ready_rx) = oneshot::channel();
+        let (stop_tx, stop_rx) = oneshot::channel::<()>();
+        let thread = std::thread::spawn(move || {
+            // Leaving block_on drops the System and its runtime: every task, socket
+            // and actor of this engine goes with it.
+            actix_rt::System::new().block_on(async move {
+                match Engine::start(&settings).await {
+                    Ok(engine) => {
+                        let _ = ready_tx.send(Ok(engine.intake_stats()));
+                        // A dropped sender (kill) skips the clean AMQP close.
+                        if stop_rx.await.is_ok() {
+                            engine.stop().await;
+                        }
+                    }
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.to_string()));
+                    }
+                }
+            });
+        });
+        let stats = ready_rx
+            .await
+            .expect("engine thread alive")
+            .unwrap_or_else(|e| panic!("engine failed to start: {e}"));
+        EngineHandle {
+            stop: Some(stop_tx),
+            thread: Some(thread),
+            stats,
+        }
+    }
+
+    /// Closes the AMQP connection cleanly and ends the engine's thread.
+    pub async fn stop(mut self) {
+        if let Some(stop) = self.stop.take() {
+            let _ = stop.send(());
+        }
+        self.join().await;
+    }
+
+    /// Drops the engine at once, without closing anything cleanly: like a crash.
+    pub async fn kill(mut self) {
+        drop(self.stop.take());
+        self.join().await;
+    }
+
+    async fn join(&mut self) {
+        if let Some(thread) = self.thread.take() {
+            tokio::task::spawn_blocking(move || thread.join())
+                .await
+                .expect("join engine thread")
+                .expect("engine thread did not panic");
+        }
+    }
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        // Dropping the sender ends the engine's thread.
+        drop(self.stop.take());
+    }
+}

@@ -1,0 +1,333 @@
+//! Test helpers: every test gets its own PostgreSQL database (cloned from a migrated
+//! template), its own AMQP namespace and its own Redis key prefix, so tests run in
+//! parallel against the real services and leave nothing behind.
+
+#![allow(dead_code)] // each test module uses a different subset
+
+pub mod builders;
+pub mod engine;
+
+use std::time::{Duration, Instant};
+
+use figment::providers::Serialized;
+use lapin::options::{ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions};
+use lapin::types::FieldTable;
+use seckill_engine::config::{self, Settings};
+use seckill_engine::mq::topology::Names;
+use seckill_engine::store::{self, migrate};
+use secrecy::ExposeSecret;
+use tokio::sync::OnceCell;
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+/// The base settings: config/default.toml plus SECKILL__* from the environment, so the
+/// suite follows `scripts/services` to whatever ports are configured.
+pub fn base_settings() -> Settings {
+    Settings::load(None).expect("test configuration is valid")
+}
+
+/// Replaces the database name in a postgres:// URL.
+pub fn with_dbname(url: &str, name: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, format!("?{q}")),
+        None => (url, String::new()),
+    };
+    let prefix = match base.rsplit_once('/') {
+        Some((prefix, _)) if prefix.ends_with('/') => base, // "postgres://host" with no path
+        Some((prefix, _)) => prefix,
+        None => base,
+    };
+    format!("{prefix}/{name}{query}")
+}
+
+/// One test's private world.
+pub struct TestEnv {
+    pub settings: Settings,
+    pub db_name: String,
+    pub names: Names,
+    extra_queues: std::sync::Mutex<Vec<String>>,
+    cleaned: bool,
+}
+
+static TEMPLATE: OnceCell<String> = OnceCell::const_new();
+
+/// Server connection config for the `postgres` maintenance database.
+fn admin_config() -> tokio_postgres::Config {
+    let mut config = store::admin_pg_config(&base_settings().database).expect("database URL");
+    config.dbname("postgres");
+    config
+}
+
+async fn template() -> String {
+    TEMPLATE
+        .get_or_init(|| async {
+            let name = format!("seckill_tpl_{:016x}", migrate::fingerprint());
+            let admin = store::connect(&admin_config())
+                .await
+                .expect("connect to PostgreSQL");
+            // Other test processes may be creating the same template right now.
+            admin
+                .execute("SELECT pg_advisory_lock(727274)", &[])
+                .await
+                .expect("advisory lock");
+            let exists = admin
+                .query_opt("SELECT 1 FROM pg_database WHERE datname = $1", &[&name])
+                .await
+                .expect("query pg_database")
+                .is_some();
+            if !exists {
+                let building = format!("{name}_building");
+                let _ = admin
+                    .batch_execute(&format!(
+                        "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                        migrate::quote_ident(&building)
+                    ))
+                    .await;
+                let mut db = base_settings().database;
+                db.url = with_dbname(db.url.expose_secret(), &building).into();
+                migrate::migrate(&store::admin_pg_config(&db).expect("url"))
+                    .await
+                    .expect("migrate the template");
+                // Rename only a complete template; kick out the migration session first.
+                admin
+                    .execute(
+                        "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = $1",
+                        &[&building],
+                    )
+                    .await
+                    .expect("terminate template sessions");
+                admin
+                    .batch_execute(&format!(
+                        "ALTER DATABASE {} RENAME TO {}",
+                        migrate::quote_ident(&building),
+                        migrate::quote_ident(&name)
+                    ))
+                    .await
+                    .expect("rename template");
+            }
+            admin
+                .execute("SELECT pg_advisory_unlock(727274)", &[])
+                .await
+                .expect("advisory unlock");
+            name
+        })
+        .await
+        .clone()
+}
+
+impl TestEnv {
+    /// A fresh, migrated database and unique AMQP and Redis names.
+    pub async fn new() -> TestEnv {
+        Self::with(|f| f).await
+    }
+
+    /// Like `new`, with settings overrides (dotted keys, as in the config file).
+    pub async fn with(overrides: impl FnOnce(figment::Figment) -> figment::Figment) -> TestEnv {
+        // Logs of the engine under test, filtered by RUST_LOG (default: warnings).
+        seckill_engine::telemetry::init(&base_settings().telemetry);
+        let template = template().await;
+        let id = Uuid::new_v4().simple().to_string();
+        let db_name = format!("seckill_t_{}", &id[..16]);
+        let admin = store::connect(&admin_config()).await.expect("connect");
+        // Several tests clone the template at once; PostgreSQL may briefly refuse
+        // while another CREATE DATABASE holds it.
+        let started = Instant::now();
+        loop {
+            let created = admin
+                .batch_execute(&format!(
+                    "CREATE DATABASE {} TEMPLATE {}",
+                    migrate::quote_ident(&db_name),
+                    migrate::quote_ident(&template)
+                ))
+                .await;
+            match created {
+                Ok(()) => break,
+                Err(e) if started.elapsed() < Duration::from_secs(30) => {
+                    tracing::debug!(error = %e, "template busy, retrying");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(e) => panic!("create test database: {e}"),
+            }
+        }
+        let namespace = format!("t{}", &id[..12]);
+        let base = base_settings();
+        let figment = config::figment(None)
+            .merge(Serialized::default(
+                "database.url",
+                with_dbname(base.database.url.expose_secret(), &db_name),
+            ))
+            .merge(Serialized::default("amqp.namespace", &namespace))
+            .merge(Serialized::default("redis.key_prefix", &namespace))
+            // Tests want retries to come back quickly.
+            .merge(Serialized::default("amqp.retry_delay_ms", 200));
+        let figment = overrides(figment);
+        let settings = Settings::from_figment(&figment).expect("test settings");
+        TestEnv {
+            names: Names::new(&namespace),
+            settings,
+            db_name,
+            extra_queues: Default::default(),
+            cleaned: false,
+        }
+    }
+
+    /// A client on the test database (search_path = seckill).
+    pub async fn db(&self) -> Client {
+        store::connect(&store::pg_config(&self.settings.database).expect("url"))
+            .await
+            .expect("connect to the test database")
+    }
+
+    pub async fn amqp(&self) -> lapin::Connection {
+        seckill_engine::mq::connect(&self.settings.amqp, "seckill-test")
+            .await
+            .expect("connect to RabbitMQ")
+    }
+
+    pub async fn redis(&self) -> ::redis::aio::MultiplexedConnection {
+        seckill_engine::redis::connect(&self.settings.redis)
+            .await
+            .expect("connect to Redis")
+    }
+
+    /// Declares a queue owned by this test (deleted at cleanup).
+    pub async fn declare_queue(&self, channel: &lapin::Channel, name: &str) {
+        channel
+            .queue_declare(
+                name.into(),
+                QueueDeclareOptions::default(),
+                FieldTable::default(),
+            )
+            .await
+            .expect("declare test queue");
+        self.extra_queues.lock().unwrap().push(name.to_owned());
+    }
+
+    /// Ready messages in a queue (unacked ones are not counted by the broker here).
+    pub async fn ready_count(&self, channel: &lapin::Channel, queue: &str) -> u32 {
+        channel
+            .queue_declare(
+                queue.into(),
+                QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                FieldTable::default(),
+            )
+            .await
+            .expect("passive declare")
+            .message_count()
+    }
+
+    /// Drops the database, the AMQP names and the Redis keys of this test.
+    pub async fn cleanup(mut self) {
+        self.cleaned = true;
+        let queues = self.extra_queues.lock().unwrap().clone();
+        cleanup(
+            self.db_name.clone(),
+            self.names.clone(),
+            self.settings.clone(),
+            queues,
+        )
+        .await;
+    }
+}
+
+impl Drop for TestEnv {
+    fn drop(&mut self) {
+        if self.cleaned {
+            return;
+        }
+        // A failed test still leaves nothing behind.
+        let db = self.db_name.clone();
+        let names = self.names.clone();
+        let settings = self.settings.clone();
+        let queues = self
+            .extra_queues
+            .lock()
+            .map(|q| q.clone())
+            .unwrap_or_default();
+        let _ = std::thread::spawn(move || {
+            if let Ok(rt) = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+            {
+                rt.block_on(cleanup(db, names, settings, queues));
+            }
+        })
+        .join();
+    }
+}
+
+async fn cleanup(db_name: String, names: Names, settings: Settings, queues: Vec<String>) {
+    if let Ok(admin) = store::connect(&admin_config()).await {
+        let _ = admin
+            .batch_execute(&format!(
+                "DROP DATABASE IF EXISTS {} WITH (FORCE)",
+                migrate::quote_ident(&db_name)
+            ))
+            .await;
+    }
+    if let Ok(conn) = seckill_engine::mq::connect(&settings.amqp, "seckill-test-cleanup").await {
+        if let Ok(channel) = conn.create_channel().await {
+            for queue in names
+                .order_queues(settings.amqp.shards)
+                .into_iter()
+                .chain(queues)
+            {
+                let _ = channel
+                    .queue_delete(queue.as_str().into(), QueueDeleteOptions::default())
+                    .await;
+            }
+            for exchange in names.exchanges() {
+                let _ = channel
+                    .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
+                    .await;
+            }
+        }
+        let _ = conn.close(200, "cleanup".into()).await;
+    }
+    if let Ok(mut redis) = seckill_engine::redis::connect(&settings.redis).await {
+        let pattern = format!("{}:*", settings.redis.key_prefix);
+        let keys: Vec<String> = ::redis::cmd("KEYS")
+            .arg(&pattern)
+            .query_async(&mut redis)
+            .await
+            .unwrap_or_default();
+        if !keys.is_empty() {
+            let _: Result<(), _> = ::redis::cmd("DEL").arg(&keys).query_async(&mut redis).await;
+        }
+    }
+}
+
+/// Polls `condition` until it holds or `timeout` passes; returns whether it held.
+pub async fn wait_until<F, Fut>(timeout: Duration, mut condition: F) -> bool
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = Instant::now() + timeout;
+    loop {
+        if condition().await {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Counts rows with a query that returns one bigint.
+pub async fn count(db: &Client, sql: &str) -> i64 {
+    db.query_one(sql, &[]).await.expect(sql).get(0)
+}
+
+/// Asserts that every §13.3 invariant holds.
+pub async fn assert_invariants(db: &Client) {
+    let results = seckill_engine::store::invariants::run_checks(db, None)
+        .await
+        .expect("run checks");
+    let failed: Vec<_> = results.iter().filter(|r| !r.ok()).collect();
+    assert!(failed.is_empty(), "invariants violated: {failed:#?}");
+}

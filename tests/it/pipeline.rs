@@ -1,0 +1,514 @@
+//! The order pipeline end to end: messages published through RabbitMQ, the engine
+//! running in-process, effects checked in PostgreSQL (seed §13.2, §13.3).
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use figment::providers::Serialized;
+use lapin::options::{BasicAckOptions, BasicGetOptions};
+use seckill_engine::actors::intake::{DEAD_KIND_HEADER, DEAD_REASON_HEADER};
+use seckill_engine::domain::message::OrderCreateMessage;
+use tokio_postgres::Client;
+
+use crate::common::builders::{self, order, resend};
+use crate::common::engine::EngineHandle;
+use crate::common::{assert_invariants, count, wait_until, TestEnv};
+
+/// How long a scenario may take to settle before the test fails.
+fn settle() -> Duration {
+    let secs = std::env::var("SECKILL_TEST_SETTLE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok());
+    Duration::from_secs(secs.unwrap_or(240))
+}
+
+/// Result codes recorded in the inbox, with their counts.
+async fn results(db: &Client) -> HashMap<String, i64> {
+    db.query(
+        "SELECT result_code, count(*) FROM consumer_inbox GROUP BY result_code",
+        &[],
+    )
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
+}
+
+async fn wait_inbox(db: &Client, expected: i64) {
+    let settled = wait_until(settle(), || async {
+        count(db, "SELECT count(*) FROM consumer_inbox").await >= expected
+    })
+    .await;
+    assert!(
+        settled,
+        "only {} of {expected} messages settled; results so far {:?}",
+        count(db, "SELECT count(*) FROM consumer_inbox").await,
+        results(db).await
+    );
+}
+
+/// After the engine has stopped (unacked deliveries return to their queues), every
+/// order queue must be empty: every message was acked.
+async fn assert_all_acked(env: &TestEnv) {
+    let conn = env.amqp().await;
+    let channel = conn.create_channel().await.unwrap();
+    for queue in env.names.order_queues(env.settings.amqp.shards) {
+        let ready = env.ready_count(&channel, &queue).await;
+        assert_eq!(ready, 0, "{queue} still holds {ready} messages");
+    }
+    conn.close(200, "done".into()).await.unwrap();
+}
+
+fn code(results: &HashMap<String, i64>, code: &str) -> i64 {
+    results.get(code).copied().unwrap_or(0)
+}
+
+#[actix_rt::test]
+async fn ten_thousand_messages_for_one_user_make_one_order() {
+    let env = TestEnv::new().await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 1, 1, 100, 1).await;
+    let msgs: Vec<OrderCreateMessage> = (0..10_000).map(|_| order(1, 1, 42, 0)).collect();
+
+    let engine = EngineHandle::start(&env.settings).await;
+    let amqp = env.amqp().await;
+    builders::publish(&env, &amqp, &msgs).await;
+    wait_inbox(&db, 10_000).await;
+    engine.stop().await;
+
+    let r = results(&db).await;
+    assert_eq!(code(&r, "ORDER_CREATED"), 1, "{r:?}");
+    assert_eq!(code(&r, "USER_ALREADY_ORDERED"), 9_999, "{r:?}");
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM orders WHERE activity_id = 1 AND sku_id = 1 AND user_id = 42"
+        )
+        .await,
+        1
+    );
+    // Every rejected reservation asks for its Redis unit back, exactly once.
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM inventory_reservation WHERE status = 20 AND failure_code = 'USER_ALREADY_ORDERED'").await,
+        9_999
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM compensation_task WHERE task_type = 10"
+        )
+        .await,
+        9_999
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM event_outbox WHERE tag = 'ORDER_CREATED'"
+        )
+        .await,
+        1
+    );
+    assert_invariants(&db).await;
+    assert_all_acked(&env).await;
+    env.cleanup().await;
+}
+
+#[actix_rt::test]
+async fn stock_of_one_goes_to_exactly_one_of_a_thousand_buyers() {
+    let env = TestEnv::new().await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 2, 1, 1, 1).await;
+    let msgs: Vec<_> = (1..=1_000).map(|user| order(2, 1, user, 0)).collect();
+
+    let engine = EngineHandle::start(&env.settings).await;
+    let amqp = env.amqp().await;
+    builders::publish(&env, &amqp, &msgs).await;
+    wait_inbox(&db, 1_000).await;
+    engine.stop().await;
+
+    let r = results(&db).await;
+    assert_eq!(code(&r, "ORDER_CREATED"), 1, "{r:?}");
+    assert_eq!(code(&r, "POSTGRES_SOLD_OUT"), 999, "{r:?}");
+    let row = db
+        .query_one("SELECT sum(allocated_stock)::bigint, min(available_stock) FROM sku_inventory WHERE activity_id = 2", &[])
+        .await
+        .unwrap();
+    assert_eq!(row.get::<_, i64>(0), 1);
+    assert_eq!(row.get::<_, i32>(1), 0);
+    // The sold-out path removed its provisional orders: one order row in all.
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 1);
+    assert_invariants(&db).await;
+    assert_all_acked(&env).await;
+    env.cleanup().await;
+}
+
+#[actix_rt::test]
+async fn one_message_delivered_a_thousand_times_has_one_effect() {
+    let env = TestEnv::new().await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 3, 1, 10, 1).await;
+    let msg = order(3, 1, 7, 0);
+    let copies = vec![msg.clone(); 1_000];
+
+    let engine = EngineHandle::start(&env.settings).await;
+    let amqp = env.amqp().await;
+    builders::publish(&env, &amqp, &copies).await;
+    // Settled means: the one inbox row exists and no copy is left in any queue.
+    let channel = amqp.create_channel().await.unwrap();
+    let drained = wait_until(settle(), || async {
+        let queue = env.names.order_queue(0);
+        count(&db, "SELECT count(*) FROM consumer_inbox").await == 1
+            && env.ready_count(&channel, &queue).await == 0
+            && engine.stats.in_flight() == 0
+    })
+    .await;
+    assert!(
+        drained,
+        "copies still in flight: {}",
+        engine.stats.in_flight()
+    );
+    engine.stop().await;
+
+    assert_eq!(
+        count(
+            &db,
+            &format!(
+                "SELECT count(*) FROM consumer_inbox WHERE message_id = '{}'",
+                msg.message_id
+            )
+        )
+        .await,
+        1
+    );
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 1);
+    assert_eq!(
+        count(
+            &db,
+            "SELECT sum(allocated_stock)::bigint FROM sku_inventory WHERE activity_id = 3"
+        )
+        .await,
+        1
+    );
+    assert_invariants(&db).await;
+    assert_all_acked(&env).await;
+    env.cleanup().await;
+}
+
+#[actix_rt::test]
+async fn one_reservation_under_fifty_message_ids_makes_one_order() {
+    let env = TestEnv::new().await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 4, 1, 10, 1).await;
+    let first = order(4, 1, 9, 0);
+    let mut msgs = vec![first.clone()];
+    msgs.extend((1..50).map(|_| resend(&first)));
+
+    let engine = EngineHandle::start(&env.settings).await;
+    let amqp = env.amqp().await;
+    builders::publish(&env, &amqp, &msgs).await;
+    wait_inbox(&db, 50).await;
+    engine.stop().await;
+
+    let r = results(&db).await;
+    assert_eq!(code(&r, "ORDER_CREATED"), 1, "{r:?}");
+    assert_eq!(code(&r, "ORDER_ALREADY_CREATED"), 49, "{r:?}");
+    let order_ids: HashSet<i64> = db
+        .query("SELECT DISTINCT order_id FROM consumer_inbox", &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        order_ids,
+        HashSet::from([first.order_id]),
+        "every message answers with the one order"
+    );
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 1);
+    assert_invariants(&db).await;
+    assert_all_acked(&env).await;
+    env.cleanup().await;
+}
+
+#[actix_rt::test]
+async fn sixty_four_buckets_sell_exactly_what_each_bucket_holds() {
+    let env = TestEnv::with(|f| f.merge(Serialized::default("amqp.shards", 4))).await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 5, 1, 100, 64).await;
+    let msgs: Vec<_> = (0..5_000)
+        .map(|user| order(5, 1, user + 1, (user % 64) as i16))
+        .collect();
+
+    let engine = EngineHandle::start(&env.settings).await;
+    let amqp = env.amqp().await;
+    builders::publish(&env, &amqp, &msgs).await;
+    wait_inbox(&db, 5_000).await;
+    engine.stop().await;
+
+    // What each bucket can serve: min(its stock, the buyers routed to it).
+    let stock = seckill_engine::store::activity::split_stock(100, 64);
+    let mut demand = [0i64; 64];
+    for m in &msgs {
+        demand[m.inventory_bucket as usize] += 1;
+    }
+    let servable: i64 = stock
+        .iter()
+        .zip(demand)
+        .map(|(s, d)| i64::from(*s).min(d))
+        .sum();
+    let r = results(&db).await;
+    assert_eq!(code(&r, "ORDER_CREATED"), servable, "{r:?}");
+    assert!(servable <= 100);
+    assert_eq!(code(&r, "POSTGRES_SOLD_OUT"), 5_000 - servable, "{r:?}");
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM sku_inventory WHERE available_stock <> 0"
+        )
+        .await,
+        0
+    );
+    assert_invariants(&db).await;
+    assert_all_acked(&env).await;
+    env.cleanup().await;
+}
+
+/// Reads every message in the dead-letter queue: (kind header, reason header, body).
+async fn drain_dead_letters(
+    env: &TestEnv,
+    channel: &lapin::Channel,
+) -> Vec<(String, String, Vec<u8>)> {
+    let mut out = Vec::new();
+    let queue = env.names.order_dead_queue();
+    while let Some(msg) = channel
+        .basic_get(queue.as_str().into(), BasicGetOptions::default())
+        .await
+        .unwrap()
+    {
+        let header = |name: &str| {
+            msg.delivery
+                .properties
+                .headers()
+                .as_ref()
+                .and_then(|h| h.inner().get(name).cloned())
+                .map(|v| match v {
+                    lapin::types::AMQPValue::LongString(s) => {
+                        String::from_utf8_lossy(s.as_bytes()).into_owned()
+                    }
+                    other => format!("{other:?}"),
+                })
+                .unwrap_or_default()
+        };
+        out.push((
+            header(DEAD_KIND_HEADER),
+            header(DEAD_REASON_HEADER),
+            msg.delivery.data.clone(),
+        ));
+        msg.delivery
+            .acker
+            .ack(BasicAckOptions::default())
+            .await
+            .unwrap();
+    }
+    out
+}
+
+#[actix_rt::test]
+async fn poison_messages_are_dead_lettered_with_their_reason_and_valid_ones_still_work() {
+    let env = TestEnv::new().await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 6, 1, 1_000, 1).await;
+    let valid: Vec<_> = (1..=300).map(|user| order(6, 1, user, 0)).collect();
+
+    let base = serde_json::to_value(order(6, 1, 9_999, 0)).unwrap();
+    let mutate = |f: &dyn Fn(&mut serde_json::Value)| {
+        let mut v = base.clone();
+        f(&mut v);
+        serde_json::to_vec(&v).unwrap()
+    };
+    let poison: Vec<(&str, Vec<u8>)> = vec![
+        ("malformed_json", b"{\"message_id\": ".to_vec()),
+        (
+            "unknown_field",
+            mutate(&|v| v["coupon"] = serde_json::json!("FREE")),
+        ),
+        (
+            "missing_field",
+            mutate(&|v| {
+                v.as_object_mut().unwrap().remove("user_id");
+            }),
+        ),
+        (
+            "invalid_value",
+            mutate(&|v| v["unit_price"] = serde_json::json!(-5)),
+        ),
+        ("too_large", {
+            let mut body = mutate(&|_| {});
+            body.truncate(body.len() - 1);
+            body.extend(format!(", \"pad\": \"{}\"}}", "x".repeat(17 * 1024)).bytes());
+            body
+        }),
+        (
+            "invalid_value",
+            mutate(&|v| v["reservation_id"] = serde_json::json!("not-a-uuid")),
+        ),
+        // Well-formed, but names an inventory bucket that does not exist.
+        (
+            "processing_failed",
+            mutate(&|v| v["inventory_bucket"] = serde_json::json!(7)),
+        ),
+    ];
+
+    let engine = EngineHandle::start(&env.settings).await;
+    let amqp = env.amqp().await;
+    // Poison interleaved with valid traffic.
+    let (first, second) = valid.split_at(150);
+    builders::publish(&env, &amqp, first).await;
+    let bodies: Vec<Vec<u8>> = poison.iter().map(|(_, b)| b.clone()).collect();
+    builders::publish_raw(&env, &amqp, 0, &bodies).await;
+    builders::publish(&env, &amqp, second).await;
+
+    wait_inbox(&db, 300).await;
+    let channel = amqp.create_channel().await.unwrap();
+    let dead_queue = env.names.order_dead_queue();
+    let all_dead = wait_until(settle(), || async {
+        env.ready_count(&channel, &dead_queue).await as usize >= poison.len()
+    })
+    .await;
+    assert!(
+        all_dead,
+        "dead letters: {}",
+        env.ready_count(&channel, &dead_queue).await
+    );
+    engine.stop().await;
+
+    let dead = drain_dead_letters(&env, &channel).await;
+    assert_eq!(
+        dead.len(),
+        poison.len(),
+        "exactly the poison is dead-lettered"
+    );
+    let mut expected: Vec<&str> = poison.iter().map(|(k, _)| *k).collect();
+    let mut kinds: Vec<&str> = dead.iter().map(|(k, _, _)| k.as_str()).collect();
+    expected.sort();
+    kinds.sort();
+    assert_eq!(kinds, expected);
+    for (kind, reason, body) in &dead {
+        assert!(!reason.is_empty(), "{kind} has no reason");
+        assert!(
+            poison.iter().any(|(_, b)| b == body),
+            "dead letter body changed"
+        );
+    }
+    assert!(
+        dead.iter()
+            .any(|(_, r, _)| r.contains("unknown inventory bucket")),
+        "{dead:?}"
+    );
+    let r = results(&db).await;
+    assert_eq!(code(&r, "ORDER_CREATED"), 300, "{r:?}");
+    assert_invariants(&db).await;
+    assert_all_acked(&env).await;
+    env.cleanup().await;
+}
+
+#[actix_rt::test]
+async fn a_crash_mid_flight_loses_nothing_and_duplicates_nothing() {
+    let env = TestEnv::new().await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 7, 1, 3_000, 4).await;
+    let msgs: Vec<_> = (0..5_000)
+        .map(|user| order(7, 1, user + 1, (user % 4) as i16))
+        .collect();
+
+    let amqp = env.amqp().await;
+    let engine = EngineHandle::start(&env.settings).await;
+    builders::publish(&env, &amqp, &msgs).await;
+    let started = wait_until(settle(), || async {
+        count(&db, "SELECT count(*) FROM consumer_inbox").await >= 800
+    })
+    .await;
+    assert!(started);
+    engine.kill().await;
+    let at_crash = count(&db, "SELECT count(*) FROM consumer_inbox").await;
+    assert!(at_crash < 5_000, "the crash came too late to test anything");
+
+    let engine = EngineHandle::start(&env.settings).await;
+    wait_inbox(&db, 5_000).await;
+    engine.stop().await;
+
+    // Every published message has exactly one recorded result...
+    let distinct = count(&db, "SELECT count(DISTINCT message_id) FROM consumer_inbox").await;
+    assert_eq!(distinct, 5_000);
+    // ...and every reservation exactly one effect: an order or a recorded rejection.
+    let r = results(&db).await;
+    assert_eq!(code(&r, "ORDER_CREATED"), 3_000, "{r:?}");
+    assert_eq!(code(&r, "POSTGRES_SOLD_OUT"), 2_000, "{r:?}");
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM orders").await
+            + count(
+                &db,
+                "SELECT count(*) FROM inventory_reservation WHERE status = 20"
+            )
+            .await,
+        5_000
+    );
+    assert_invariants(&db).await;
+    assert_all_acked(&env).await;
+    env.cleanup().await;
+}
+
+#[actix_rt::test]
+async fn a_slow_database_stops_the_intake_not_the_broker() {
+    let env = TestEnv::with(|f| {
+        f.merge(Serialized::default("engine.db_permits", 2))
+            .merge(Serialized::default("database.lock_timeout_ms", 60_000))
+            .merge(Serialized::default("database.statement_timeout_ms", 60_000))
+    })
+    .await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 8, 1, 5_000, 1).await;
+    assert_eq!(env.settings.prefetch(), 2);
+
+    // Hold the inventory row: every order transaction now waits on it.
+    let holder = env.db().await;
+    holder
+        .batch_execute("BEGIN; SELECT * FROM sku_inventory WHERE activity_id = 8 FOR UPDATE")
+        .await
+        .unwrap();
+
+    let msgs: Vec<_> = (1..=2_000).map(|user| order(8, 1, user, 0)).collect();
+    let amqp = env.amqp().await;
+    let engine = EngineHandle::start(&env.settings).await;
+    let stats = engine.stats.clone();
+    builders::publish(&env, &amqp, &msgs).await;
+    let channel = amqp.create_channel().await.unwrap();
+    let queue = env.names.order_queue(0);
+
+    // The engine takes what the permits allow and no more; the backlog waits in the
+    // broker, not in the engine's memory.
+    assert!(wait_until(settle(), || async { engine.stats.in_flight() == 2 }).await);
+    for _ in 0..20 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(engine.stats.in_flight() <= 2);
+        assert_eq!(env.ready_count(&channel, &queue).await, 1_998);
+    }
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 0);
+
+    holder.batch_execute("COMMIT").await.unwrap();
+    wait_inbox(&db, 2_000).await;
+    engine.stop().await;
+    assert!(
+        stats.peak() <= 2,
+        "peak in flight {} exceeded prefetch",
+        stats.peak()
+    );
+    assert_eq!(
+        results(&db).await.get("ORDER_CREATED").copied(),
+        Some(2_000)
+    );
+    assert_invariants(&db).await;
+    assert_all_acked(&env).await;
+    env.cleanup().await;
+}
