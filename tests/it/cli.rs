@@ -166,3 +166,168 @@ async fn the_engine_refuses_an_unmigrated_database() {
     assert!(err.to_string().contains("not migrated"), "{err}");
     drop_database(&name).await;
 }
+
+/// Environment that points the binary at a test's private database, broker names and
+/// Redis prefix.
+fn env_of<'a>(cmd: &'a mut Command, env: &crate::common::TestEnv) -> &'a mut Command {
+    cmd.env(
+        "SECKILL__DATABASE__URL",
+        env.settings.database.url.expose_secret(),
+    )
+    .env("SECKILL__AMQP__NAMESPACE", &env.settings.amqp.namespace)
+    .env("SECKILL__REDIS__KEY_PREFIX", &env.settings.redis.key_prefix)
+}
+
+#[tokio::test]
+async fn activity_create_loads_postgres_and_redis_and_refuses_to_overwrite() {
+    let env = crate::common::TestEnv::new().await;
+    let args = [
+        "activity",
+        "create",
+        "--activity",
+        "31",
+        "--sku",
+        "5",
+        "--stock",
+        "10",
+        "--buckets",
+        "4",
+        "--price",
+        "4999",
+    ];
+    let out = run(env_of(&mut engine(), &env).args(args));
+    assert!(out.ok, "{}", out.text);
+    let db = env.db().await;
+    let rows: Vec<(i16, i32, i32, i32)> = db
+        .query(
+            "SELECT bucket_no, total_stock, available_stock, allocated_stock FROM sku_inventory
+             WHERE activity_id = 31 AND sku_id = 5 ORDER BY bucket_no",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1), r.get(2), r.get(3)))
+        .collect();
+    assert_eq!(
+        rows,
+        vec![(0, 3, 3, 0), (1, 3, 3, 0), (2, 2, 2, 0), (3, 2, 2, 0)]
+    );
+    let mut redis = env.redis().await;
+    let keys = seckill_engine::redis::keys::SkuKeys::new(&env.settings.redis.key_prefix, 31, 5);
+    for (bucket, stock) in [(0, 3), (1, 3), (2, 2), (3, 2)] {
+        let got: i32 = ::redis::cmd("GET")
+            .arg(keys.stock(bucket))
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert_eq!(got, stock, "bucket {bucket}");
+    }
+
+    let again = run(env_of(&mut engine(), &env).args(args));
+    assert!(!again.ok, "{}", again.text);
+    assert!(again.text.contains("already exists"), "{}", again.text);
+    let planned: i32 = db
+        .query_one(
+            "SELECT planned_stock FROM seckill_sku WHERE activity_id = 31",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(planned, 10, "the second run must not overwrite");
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn check_passes_on_clean_data_and_fails_on_a_broken_invariant() {
+    let env = crate::common::TestEnv::new().await;
+    let mut db = env.db().await;
+    crate::common::builders::activity(&mut db, 32, 1, 5, 1).await;
+    let out = run(env_of(&mut engine(), &env).arg("check"));
+    assert!(out.ok, "{}", out.text);
+    assert_eq!(
+        out.text.lines().filter(|l| l.starts_with("ok")).count(),
+        8,
+        "{}",
+        out.text
+    );
+
+    // An order that took no stock and has no ledger row: an oversell in disguise.
+    let m = crate::common::builders::order(32, 1, 77, 0);
+    db.execute(
+        "INSERT INTO orders (order_id, order_no, request_id, reservation_id, source_message_id,
+            activity_id, sku_id, user_id, inventory_bucket, unit_price, total_amount, expire_at)
+         VALUES ($1, $2, $3, $4, $5, 32, 1, 77, 0, 1, 1, now() + interval '1 hour')",
+        &[
+            &m.order_id,
+            &m.order_no,
+            &m.request_id,
+            &m.reservation_id,
+            &m.message_id,
+        ],
+    )
+    .await
+    .unwrap();
+    let out = run(env_of(&mut engine(), &env).args(["check", "--activity", "32"]));
+    assert!(!out.ok, "{}", out.text);
+    for check in [
+        "ledger_order_consistency",
+        "allocated_matches_orders",
+        "inbox_order_consistency",
+    ] {
+        let line = out.text.lines().find(|l| l.contains(check)).unwrap();
+        assert!(line.starts_with("FAIL"), "{line}");
+    }
+    // Another activity is unaffected.
+    let out = run(env_of(&mut engine(), &env).args(["check", "--activity", "999"]));
+    assert!(out.ok, "{}", out.text);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn serve_starts_and_exits_cleanly_on_sigterm() {
+    use std::io::{BufRead, BufReader};
+    let env = crate::common::TestEnv::new().await;
+    let mut child = env_of(&mut engine(), &env)
+        .env("RUST_LOG", "info")
+        .arg("serve")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    // Read until EOF so the engine never writes into a closed pipe.
+    let reader = std::thread::spawn(move || {
+        let mut ready_tx = Some(ready_tx);
+        let mut text = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("engine ready") {
+                if let Some(tx) = ready_tx.take() {
+                    let _ = tx.send(());
+                }
+            }
+            text.push_str(&line);
+            text.push('\n');
+        }
+        text
+    });
+    let ready = tokio::time::timeout(std::time::Duration::from_secs(60), ready_rx).await;
+    let signalled = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(signalled.success());
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    let text = reader.join().unwrap();
+    assert!(
+        matches!(ready, Ok(Ok(()))),
+        "the engine never logged readiness:\n{text}"
+    );
+    assert!(status.success(), "serve exited with {status}:\n{text}");
+    assert!(text.contains("engine stopped"), "{text}");
+    env.cleanup().await;
+}
