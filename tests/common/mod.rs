@@ -52,7 +52,7 @@ pub struct TestEnv {
 static TEMPLATE: OnceCell<String> = OnceCell::const_new();
 
 /// Server connection config for the `postgres` maintenance database.
-fn admin_config() -> tokio_postgres::Config {
+pub fn admin_config() -> tokio_postgres::Config {
     let mut config = store::admin_pg_config(&base_settings().database).expect("database URL");
     config.dbname("postgres");
     config

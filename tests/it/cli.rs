@@ -6,7 +6,7 @@ use std::process::Command;
 use seckill_engine::store;
 use secrecy::ExposeSecret;
 
-use crate::common::{base_settings, with_dbname};
+use crate::common::{admin_config, base_settings, with_dbname};
 
 fn engine() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_seckill-engine"));
@@ -32,9 +32,7 @@ fn run(cmd: &mut Command) -> Output {
 }
 
 async fn drop_database(name: &str) {
-    let mut admin = store::admin_pg_config(&base_settings().database).unwrap();
-    admin.dbname("postgres");
-    let client = store::connect(&admin).await.unwrap();
+    let client = store::connect(&admin_config()).await.unwrap();
     client
         .batch_execute(&format!(
             "DROP DATABASE IF EXISTS {} WITH (FORCE)",
@@ -147,9 +145,7 @@ async fn the_engine_refuses_an_unmigrated_database() {
         "seckill_cli_{}",
         &uuid::Uuid::new_v4().simple().to_string()[..12]
     );
-    let mut admin = store::admin_pg_config(&base_settings().database).unwrap();
-    admin.dbname("postgres");
-    let client = store::connect(&admin).await.unwrap();
+    let client = store::connect(&admin_config()).await.unwrap();
     client
         .batch_execute(&format!(
             "CREATE DATABASE {}",
