@@ -41,6 +41,54 @@ pub struct Settings {
     pub engine: EngineSettings,
     pub http: HttpSettings,
     pub telemetry: TelemetrySettings,
+    pub outbox: OutboxSettings,
+    pub sweeper: SweeperSettings,
+    pub compensation: CompensationSettings,
+    pub payment: PaymentSettings,
+    pub supervisor: SupervisorSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct OutboxSettings {
+    pub interval_ms: u64,
+    pub batch_size: u32,
+    pub lease_ms: u64,
+    pub backoff_base_ms: u64,
+    pub backoff_max_ms: u64,
+    pub retention_secs: u64,
+    pub retention_batch: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SweeperSettings {
+    pub interval_ms: u64,
+    pub batch_size: u32,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CompensationSettings {
+    pub interval_ms: u64,
+    pub batch_size: u32,
+    pub lease_ms: u64,
+    pub backoff_base_ms: u64,
+    pub backoff_max_ms: u64,
+    pub released_marker_ttl_secs: u64,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PaymentSettings {
+    pub consumer_group: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct SupervisorSettings {
+    pub restart_base_ms: u64,
+    pub restart_max_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -166,6 +214,26 @@ impl Settings {
                 self.database.statement_timeout_ms,
             ),
             ("amqp.retry_delay_ms", self.amqp.retry_delay_ms),
+            ("outbox.interval_ms", self.outbox.interval_ms),
+            ("outbox.lease_ms", self.outbox.lease_ms),
+            ("outbox.backoff_base_ms", self.outbox.backoff_base_ms),
+            ("outbox.batch_size", u64::from(self.outbox.batch_size)),
+            ("sweeper.interval_ms", self.sweeper.interval_ms),
+            ("sweeper.batch_size", u64::from(self.sweeper.batch_size)),
+            ("compensation.interval_ms", self.compensation.interval_ms),
+            ("compensation.lease_ms", self.compensation.lease_ms),
+            (
+                "compensation.backoff_base_ms",
+                self.compensation.backoff_base_ms,
+            ),
+            (
+                "compensation.batch_size",
+                u64::from(self.compensation.batch_size),
+            ),
+            (
+                "supervisor.restart_base_ms",
+                self.supervisor.restart_base_ms,
+            ),
         ] {
             if value == 0 {
                 return Err(invalid(key, "must be greater than 0".into()));

@@ -1,9 +1,12 @@
 //! Builds the running engine from the settings: pool, schema check, AMQP topology, the
-//! actors, one intake per owned shard. Must be started inside an actix `System`; the
-//! pool and the AMQP connection are created on the calling (System) arbiter, which
-//! lives as long as the engine.
+//! actors (one intake per owned shard plus the payment intake), and the supervisor of
+//! the background services. Must be started inside an actix `System`; the pool and the
+//! AMQP connection are created on the calling (System) arbiter, which lives as long as
+//! the engine.
 
+use std::rc::Rc;
 use std::sync::Arc;
+use std::time::Duration;
 
 use actix::prelude::*;
 use lapin::options::{BasicConsumeOptions, BasicQosOptions};
@@ -11,14 +14,21 @@ use lapin::types::FieldTable;
 use uuid::Uuid;
 
 use crate::actors::bucket::{BucketActor, BucketKey, BucketShared};
+use crate::actors::compensation_worker::{CompensationConfig, CompensationWorker};
 use crate::actors::db_permits::DbPermits;
-use crate::actors::intake::{Intake, IntakeRoutes, IntakeStats};
+use crate::actors::intake::{
+    Intake, IntakeRoutes, IntakeStats, IntakeWork, OrderWork, PaymentWork,
+};
+use crate::actors::maintenance::{Maintenance, Service};
+use crate::actors::outbox_publisher::{OutboxConfig, OutboxPublisher};
 use crate::actors::registry::Registry;
 use crate::actors::reservation::ReservationActor;
+use crate::actors::supervisor::{ChildFactory, Shutdown, Supervisor};
+use crate::actors::sweeper::{Sweeper, SweeperConfig};
 use crate::config::Settings;
 use crate::domain::ids::IdGenerator;
 use crate::mq::publisher::ConfirmedPublisher;
-use crate::mq::topology::{declare_order_topology, Names};
+use crate::mq::topology::{declare_order_topology, declare_payment_topology, Names};
 use crate::mq::{self, MqError};
 use crate::store::migrate::{self, MigrateError};
 use crate::store::{build_pool, Pool, StoreError};
@@ -45,8 +55,7 @@ pub struct Engine {
     permits: Addr<DbPermits>,
     stats: Arc<IntakeStats>,
     reservations: Addr<Registry<Uuid, ReservationActor>>,
-    /// Each stops on its own when its consumer stream ends.
-    _intakes: Vec<Addr<Intake>>,
+    supervisor: Addr<Supervisor>,
 }
 
 impl Engine {
@@ -67,6 +76,7 @@ impl Engine {
             settings.amqp.retry_delay_ms,
         )
         .await?;
+        declare_payment_topology(&setup, &names, settings.amqp.retry_delay_ms).await?;
         setup.close(200, "topology declared".into()).await?;
 
         let permits = DbPermits::new(settings.db_permits()).start();
@@ -88,37 +98,43 @@ impl Engine {
         .start();
 
         let stats = Arc::new(IntakeStats::default());
-        let mut intakes = Vec::new();
+        let intake = IntakeStarter {
+            amqp: &amqp,
+            settings,
+            permits: &permits,
+            stats: &stats,
+        };
         for shard in settings.owned_shards() {
-            let queue = names.order_queue(shard);
-            let channel = amqp.create_channel().await?;
-            channel
-                .basic_qos(settings.prefetch(), BasicQosOptions::default())
-                .await?;
-            let consumer = channel
-                .basic_consume(
-                    queue.as_str().into(),
-                    format!("seckill-engine-{}", Uuid::now_v7()).as_str().into(),
-                    BasicConsumeOptions::default(),
-                    FieldTable::default(),
+            let queue: Arc<str> = names.order_queue(shard).into();
+            let work = OrderWork {
+                reservations: reservations.clone(),
+                topic: queue.clone(),
+            };
+            intake
+                .start(
+                    queue,
+                    names.order_retry_queue(shard),
+                    names.order_dead_queue(),
+                    work,
                 )
                 .await?;
-            let routes = IntakeRoutes {
-                queue: queue.as_str().into(),
-                retry_queue: names.order_retry_queue(shard),
-                dead_queue: names.order_dead_queue(),
-                max_retries: settings.amqp.max_retries,
-                retry_delay: std::time::Duration::from_millis(settings.amqp.retry_delay_ms),
-            };
-            let publisher = ConfirmedPublisher::open(&amqp).await?;
-            let permits = permits.clone();
-            let reservations = reservations.clone();
-            let stats = stats.clone();
-            intakes.push(Intake::create(move |ctx| {
-                ctx.add_stream(consumer);
-                Intake::new(stats, routes, publisher, permits, reservations)
-            }));
         }
+        let payment_queue: Arc<str> = names.payment_queue().into();
+        let work = PaymentWork {
+            pool: pool.clone(),
+            consumer_group: settings.payment.consumer_group.as_str().into(),
+            topic: payment_queue.clone(),
+        };
+        intake
+            .start(
+                payment_queue,
+                names.payment_retry_queue(),
+                names.payment_dead_queue(),
+                work,
+            )
+            .await?;
+
+        let supervisor = background_services(settings, &pool).start();
         tracing::info!(
             shards = ?settings.owned_shards(),
             permits = settings.db_permits(),
@@ -132,7 +148,7 @@ impl Engine {
             permits,
             stats,
             reservations,
-            _intakes: intakes,
+            supervisor,
         })
     }
 
@@ -153,13 +169,101 @@ impl Engine {
         &self.reservations
     }
 
-    /// Closes the AMQP connection: the broker requeues every unacked delivery, and a
-    /// transaction that commits after this point is answered by the inbox on
-    /// redelivery.
+    pub fn supervisor(&self) -> &Addr<Supervisor> {
+        &self.supervisor
+    }
+
+    /// Stops the background services after their current run and closes the AMQP
+    /// connection: the broker requeues every unacked delivery, and a transaction that
+    /// commits after this point is answered by the inbox on redelivery.
     pub async fn stop(self) {
+        let _ = self.supervisor.send(Shutdown).await;
         if let Err(e) = self.amqp.close(200, "engine stopping".into()).await {
             tracing::debug!(error = %e, "AMQP close");
         }
         tracing::info!("engine stopped");
     }
+}
+
+/// What every intake needs, to start one per consumed queue.
+struct IntakeStarter<'a> {
+    amqp: &'a lapin::Connection,
+    settings: &'a Settings,
+    permits: &'a Addr<DbPermits>,
+    stats: &'a Arc<IntakeStats>,
+}
+
+impl IntakeStarter<'_> {
+    async fn start<W: IntakeWork>(
+        &self,
+        queue: Arc<str>,
+        retry_queue: String,
+        dead_queue: String,
+        work: W,
+    ) -> Result<Addr<Intake<W>>, EngineError> {
+        let channel = self.amqp.create_channel().await?;
+        channel
+            .basic_qos(self.settings.prefetch(), BasicQosOptions::default())
+            .await?;
+        let consumer = channel
+            .basic_consume(
+                queue.as_ref().into(),
+                format!("seckill-engine-{}", Uuid::now_v7()).as_str().into(),
+                BasicConsumeOptions::default(),
+                FieldTable::default(),
+            )
+            .await?;
+        let routes = IntakeRoutes {
+            queue,
+            retry_queue,
+            dead_queue,
+            max_retries: self.settings.amqp.max_retries,
+            retry_delay: Duration::from_millis(self.settings.amqp.retry_delay_ms),
+        };
+        let publisher = ConfirmedPublisher::open(self.amqp).await?;
+        let permits = self.permits.clone();
+        let stats = self.stats.clone();
+        Ok(Intake::create(move |ctx| {
+            ctx.add_stream(consumer);
+            Intake::new(stats, routes, publisher, permits, work)
+        }))
+    }
+}
+
+/// The supervisor with the outbox publisher, the sweeper and the compensation worker.
+pub fn background_services(settings: &Settings, pool: &Pool) -> Supervisor {
+    let ids = Rc::new(IdGenerator::new(settings.engine.node_id));
+    let outbox = {
+        let (pool, amqp) = (pool.clone(), settings.amqp.clone());
+        let config = OutboxConfig::from(&settings.outbox);
+        child(move || OutboxPublisher::new(pool.clone(), amqp.clone(), config.clone()))
+    };
+    let sweeper = {
+        let pool = pool.clone();
+        let config = SweeperConfig::new(&settings.sweeper, &settings.compensation);
+        child(move || Sweeper::new(pool.clone(), ids.clone(), config.clone()))
+    };
+    let compensation = {
+        let (pool, redis, amqp) = (pool.clone(), settings.redis.clone(), settings.amqp.clone());
+        let config = CompensationConfig::from(&settings.compensation);
+        child(move || {
+            CompensationWorker::new(pool.clone(), redis.clone(), amqp.clone(), config.clone())
+        })
+    };
+    Supervisor::new(
+        Duration::from_millis(settings.supervisor.restart_base_ms),
+        Duration::from_millis(settings.supervisor.restart_max_ms),
+    )
+    .child(OutboxPublisher::NAME, outbox)
+    .child(Sweeper::NAME, sweeper)
+    .child(CompensationWorker::NAME, compensation)
+}
+
+/// A supervisor child that runs a fresh service from `make` on every (re)start.
+pub fn child<S: Service>(make: impl Fn() -> S + 'static) -> ChildFactory {
+    Box::new(move |supervisor| {
+        Maintenance::new(make(), Some(supervisor))
+            .start()
+            .recipient()
+    })
 }

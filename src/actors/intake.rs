@@ -1,14 +1,15 @@
-//! Intake owns one consumed `order.create` shard queue: it decodes and validates each
-//! delivery, takes a DB permit before dispatching (and so stops pulling while none is
-//! free), hands the message to its reservation actor, and settles the delivery from the
-//! outcome: ack after commit, delayed retry for transient failures and unknown commits,
-//! dead-letter with a reason for poison. Nothing is acked before its effect (or its
-//! recorded rejection) is committed.
+//! Intake owns one consumed queue: it decodes and validates each delivery, takes a DB
+//! permit before dispatching (and so stops pulling while none is free), hands the
+//! message to the queue's work (`IntakeWork`: the order pipeline, payment callbacks),
+//! and settles the delivery from the outcome: ack after commit, delayed retry for
+//! transient failures and unknown commits, dead-letter with a reason for poison.
+//! Nothing is acked before its effect (or its recorded rejection) is committed.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use actix::prelude::*;
+use futures_util::future::LocalBoxFuture;
 use lapin::message::Delivery;
 use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
 use lapin::types::{AMQPValue, LongString};
@@ -20,7 +21,60 @@ use super::registry::{Registry, Route};
 use super::reservation::{ProcessOrder, ReservationActor};
 use crate::domain::message::{OrderCreateMessage, PoisonReason};
 use crate::domain::outcome::{disposition, Disposition, ErrorClass};
+use crate::domain::payment::PaymentCallback;
 use crate::mq::publisher::ConfirmedPublisher;
+use crate::store::payments::apply_callback;
+
+/// The queue-specific part of an intake.
+pub trait IntakeWork: Clone + Unpin + 'static {
+    type Msg: 'static;
+    /// Metric label of the queue kind ("order_create", "payment_callback").
+    const KIND: &'static str;
+    /// Decodes and validates a body; an error makes the message poison.
+    fn decode(&self, body: &[u8]) -> Result<Self::Msg, PoisonReason>;
+    /// Brings the message to a committed outcome (returned as its metric label) or a
+    /// classified error.
+    fn process(&self, msg: Self::Msg) -> LocalBoxFuture<'static, Result<&'static str, ErrorClass>>;
+}
+
+/// `order.create`: each message goes to the actor of its reservation.
+#[derive(Clone)]
+pub struct OrderWork {
+    pub reservations: Addr<Registry<Uuid, ReservationActor>>,
+    /// The consumed queue, recorded in the inbox.
+    pub topic: Arc<str>,
+}
+
+impl IntakeWork for OrderWork {
+    type Msg = OrderCreateMessage;
+    const KIND: &'static str = "order_create";
+
+    fn decode(&self, body: &[u8]) -> Result<OrderCreateMessage, PoisonReason> {
+        OrderCreateMessage::decode(body)
+    }
+
+    fn process(
+        &self,
+        msg: OrderCreateMessage,
+    ) -> LocalBoxFuture<'static, Result<&'static str, ErrorClass>> {
+        let reservations = self.reservations.clone();
+        let topic = self.topic.clone();
+        Box::pin(async move {
+            let message_id = msg.message_id;
+            let route = Route {
+                key: msg.reservation_id,
+                msg: ProcessOrder { msg, topic },
+            };
+            let outcome = match reservations.send(route).await {
+                Ok(Ok(result)) => result?,
+                Ok(Err(_)) | Err(_) => return Err(ErrorClass::Transient("actor_unavailable")),
+            };
+            metrics::counter!("seckill_orders_total", "outcome" => outcome.label()).increment(1);
+            tracing::debug!(%message_id, outcome = outcome.label(), order_id = outcome.order_id, "message processed");
+            Ok(outcome.label())
+        })
+    }
+}
 
 /// Header carrying how many delayed retries a message has had.
 pub const RETRIES_HEADER: &str = "x-seckill-retries";
@@ -75,37 +129,85 @@ impl Drop for InFlight {
     }
 }
 
-pub struct Intake {
+/// `payment.callback`: each callback runs its own transaction (no ordering needed: the
+/// inbox and the conditional UPDATE make any interleaving safe).
+#[derive(Clone)]
+pub struct PaymentWork {
+    pub pool: crate::store::Pool,
+    pub consumer_group: Arc<str>,
+    pub topic: Arc<str>,
+}
+
+impl IntakeWork for PaymentWork {
+    type Msg = PaymentCallback;
+    const KIND: &'static str = "payment_callback";
+
+    fn decode(&self, body: &[u8]) -> Result<PaymentCallback, PoisonReason> {
+        PaymentCallback::decode(body)
+    }
+
+    fn process(
+        &self,
+        cb: PaymentCallback,
+    ) -> LocalBoxFuture<'static, Result<&'static str, ErrorClass>> {
+        let work = self.clone();
+        Box::pin(async move {
+            let result = async {
+                let mut conn = work.pool.get().await?;
+                apply_callback(&mut conn, &work.consumer_group, &work.topic, &cb).await
+            }
+            .await;
+            let outcome = result.map_err(|e| {
+                tracing::debug!(order_id = cb.order_id, sqlstate = e.sqlstate(), error = %e, "payment transaction failed");
+                e.class()
+            })?;
+            let label = if outcome.duplicate {
+                "duplicate"
+            } else {
+                outcome.result.label()
+            };
+            metrics::counter!("seckill_payments_total", "result" => label).increment(1);
+            tracing::debug!(
+                order_id = cb.order_id,
+                result = label,
+                "payment callback processed"
+            );
+            Ok(label)
+        })
+    }
+}
+
+pub struct Intake<W: IntakeWork> {
     stats: Arc<IntakeStats>,
     routes: IntakeRoutes,
     publisher: ConfirmedPublisher,
     permits: Addr<DbPermits>,
-    reservations: Addr<Registry<Uuid, ReservationActor>>,
+    work: W,
 }
 
-impl Intake {
+impl<W: IntakeWork> Intake<W> {
     pub fn new(
         stats: Arc<IntakeStats>,
         routes: IntakeRoutes,
         publisher: ConfirmedPublisher,
         permits: Addr<DbPermits>,
-        reservations: Addr<Registry<Uuid, ReservationActor>>,
+        work: W,
     ) -> Self {
         Self {
             stats,
             routes,
             publisher,
             permits,
-            reservations,
+            work,
         }
     }
 }
 
-impl Actor for Intake {
+impl<W: IntakeWork> Actor for Intake<W> {
     type Context = Context<Self>;
 }
 
-impl StreamHandler<Result<Delivery, lapin::Error>> for Intake {
+impl<W: IntakeWork> StreamHandler<Result<Delivery, lapin::Error>> for Intake<W> {
     fn handle(&mut self, item: Result<Delivery, lapin::Error>, ctx: &mut Self::Context) {
         let delivery = match item {
             Ok(delivery) => delivery,
@@ -116,9 +218,9 @@ impl StreamHandler<Result<Delivery, lapin::Error>> for Intake {
                 return;
             }
         };
-        metrics::counter!("seckill_intake_messages_total", "result" => "received").increment(1);
+        metrics::counter!("seckill_intake_messages_total", "kind" => W::KIND).increment(1);
         let in_flight = self.stats.enter();
-        let msg = match OrderCreateMessage::decode(&delivery.data) {
+        let msg = match self.work.decode(&delivery.data) {
             Ok(msg) => msg,
             Err(reason) => {
                 let routes = self.routes.clone();
@@ -138,19 +240,17 @@ impl StreamHandler<Result<Delivery, lapin::Error>> for Intake {
             async move { permits.send(Acquire).await }
                 .into_actor(self)
                 .map(move |permit, intake, _| {
-                    let routes = intake.routes.clone();
-                    let publisher = intake.publisher.clone();
-                    let reservations = intake.reservations.clone();
                     // Without a permit (the permit actor is gone: shutting down) the
                     // message still goes the safe way: delayed retry.
-                    let permit = permit.ok();
-                    actix::spawn(process(
-                        routes,
-                        publisher,
-                        reservations,
+                    let work = match permit {
+                        Ok(permit) => Some((intake.work.process(msg), permit)),
+                        Err(_) => None,
+                    };
+                    actix::spawn(settle(
+                        intake.routes.clone(),
+                        intake.publisher.clone(),
                         delivery,
-                        msg,
-                        permit,
+                        work,
                         in_flight,
                     ));
                 }),
@@ -163,44 +263,30 @@ impl StreamHandler<Result<Delivery, lapin::Error>> for Intake {
     }
 }
 
-async fn process(
+/// Runs the work under its permit and settles the delivery from the result.
+async fn settle(
     routes: IntakeRoutes,
     publisher: ConfirmedPublisher,
-    reservations: Addr<Registry<Uuid, ReservationActor>>,
     delivery: Delivery,
-    msg: OrderCreateMessage,
-    permit: Option<Permit>,
+    work: Option<(
+        LocalBoxFuture<'static, Result<&'static str, ErrorClass>>,
+        Permit,
+    )>,
     in_flight: InFlight,
 ) {
-    let message_id = msg.message_id;
-    let result = match permit {
+    let result = match work {
+        Some((work, permit)) => {
+            let result = work.await;
+            // The transaction has ended: give the permit back before talking to
+            // the broker.
+            drop(permit);
+            result
+        }
         None => Err(ErrorClass::Transient("no_permit")),
-        Some(_) => {
-            let route = Route {
-                key: msg.reservation_id,
-                msg: ProcessOrder {
-                    msg,
-                    topic: routes.queue.clone(),
-                },
-            };
-            match reservations.send(route).await {
-                Ok(Ok(result)) => result,
-                Ok(Err(_)) | Err(_) => Err(ErrorClass::Transient("actor_unavailable")),
-            }
-        }
     };
-    // The transaction has ended: give the permit back before talking to the broker.
-    drop(permit);
-    match &result {
-        Ok(outcome) => {
-            metrics::counter!("seckill_orders_total", "outcome" => outcome.label()).increment(1);
-            tracing::debug!(%message_id, outcome = outcome.label(), order_id = outcome.order_id, "message processed");
-        }
-        Err(ErrorClass::CommitOutcomeUnknown) => {
-            metrics::counter!("seckill_order_commit_unknown_total").increment(1);
-            tracing::info!(%message_id, "commit outcome unknown; the redelivery will resolve it");
-        }
-        Err(_) => {}
+    if let Err(ErrorClass::CommitOutcomeUnknown) = &result {
+        metrics::counter!("seckill_commit_unknown_total").increment(1);
+        tracing::info!(queue = %routes.queue, "commit outcome unknown; the redelivery will resolve it");
     }
     match disposition(result.as_ref()) {
         Disposition::Ack => ack(&delivery, &routes, in_flight).await,

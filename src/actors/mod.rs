@@ -2,7 +2,12 @@
 //! transaction; each file owns one actor and its messages.
 
 pub mod bucket;
+pub mod compensation_worker;
 pub mod db_permits;
 pub mod intake;
+pub mod maintenance;
+pub mod outbox_publisher;
 pub mod registry;
 pub mod reservation;
+pub mod supervisor;
+pub mod sweeper;

@@ -126,7 +126,8 @@ impl OrderCreateMessage {
     }
 }
 
-fn json_reason(e: serde_json::Error) -> PoisonReason {
+/// Classifies a JSON decoding error into a poison kind.
+pub(crate) fn json_reason(e: serde_json::Error) -> PoisonReason {
     use serde_json::error::Category;
     let text = e.to_string();
     let kind = match e.classify() {

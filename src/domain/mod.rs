@@ -1,8 +1,10 @@
 //! Pure types and rules of the engine: ids, status codes, the message contracts, the
 //! outcomes of an order attempt and how each is acknowledged. No I/O lives here.
 
+pub mod backoff;
 pub mod ids;
 pub mod message;
 pub mod outcome;
+pub mod payment;
 pub mod shard;
 pub mod status;

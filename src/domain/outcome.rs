@@ -147,7 +147,7 @@ pub enum Disposition {
     DeadLetter { reason: String },
 }
 
-pub fn disposition(result: Result<&OrderOutcome, &ErrorClass>) -> Disposition {
+pub fn disposition<T>(result: Result<&T, &ErrorClass>) -> Disposition {
     match result {
         Ok(_) => Disposition::Ack,
         Err(ErrorClass::Transient(reason)) => Disposition::Retry { reason },
@@ -182,7 +182,7 @@ mod tests {
     #[test]
     fn commit_outcome_unknown_is_never_acked_nor_dead_lettered() {
         assert_eq!(
-            disposition(Err(&ErrorClass::CommitOutcomeUnknown)),
+            disposition::<OrderOutcome>(Err(&ErrorClass::CommitOutcomeUnknown)),
             Disposition::Retry {
                 reason: "commit_outcome_unknown"
             }
@@ -206,7 +206,7 @@ mod tests {
                 "{code}"
             );
             assert_eq!(
-                disposition(Err(&classify_sqlstate(code))),
+                disposition::<OrderOutcome>(Err(&classify_sqlstate(code))),
                 Disposition::Retry { reason }
             );
         }
@@ -222,7 +222,7 @@ mod tests {
                 "{code}"
             );
             assert!(matches!(
-                disposition(Err(&classify_sqlstate(code))),
+                disposition::<OrderOutcome>(Err(&classify_sqlstate(code))),
                 Disposition::DeadLetter { .. }
             ));
         }

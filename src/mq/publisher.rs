@@ -2,11 +2,15 @@
 //! taken responsibility for the message, and an unroutable message is an error
 //! (mandatory flag), never a silent drop.
 
+use std::cell::RefCell;
+use std::rc::Rc;
+
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::Confirmation;
 use lapin::{BasicProperties, Channel, Connection};
 
 use super::MqError;
+use crate::config::AmqpSettings;
 
 /// Persistent delivery mode.
 pub const PERSISTENT: u8 = 2;
@@ -25,7 +29,8 @@ impl ConfirmedPublisher {
         Ok(Self { channel })
     }
 
-    /// Publishes and waits for the broker's confirm.
+    /// Publishes and waits for the broker's confirm; a message no queue takes is an
+    /// error.
     pub async fn publish(
         &self,
         exchange: &str,
@@ -33,13 +38,27 @@ impl ConfirmedPublisher {
         body: &[u8],
         properties: BasicProperties,
     ) -> Result<(), MqError> {
+        self.publish_with(exchange, routing_key, body, properties, true)
+            .await
+    }
+
+    /// Like `publish`; with `mandatory = false` a message that no queue is bound for
+    /// counts as delivered (an event nobody subscribes to is not an error).
+    pub async fn publish_with(
+        &self,
+        exchange: &str,
+        routing_key: &str,
+        body: &[u8],
+        properties: BasicProperties,
+        mandatory: bool,
+    ) -> Result<(), MqError> {
         let confirm = self
             .channel
             .basic_publish(
                 exchange.into(),
                 routing_key.into(),
                 BasicPublishOptions {
-                    mandatory: true,
+                    mandatory,
                     ..BasicPublishOptions::default()
                 },
                 body,
@@ -62,5 +81,39 @@ impl ConfirmedPublisher {
 
     pub fn channel(&self) -> &Channel {
         &self.channel
+    }
+}
+
+/// A confirm channel on a connection of its own, opened on first use and reopened
+/// after it broke; for the background services, which run one pass at a time.
+pub struct LazyPublisher {
+    name: &'static str,
+    current: RefCell<Option<(Rc<Connection>, ConfirmedPublisher)>>,
+}
+
+impl LazyPublisher {
+    pub fn new(connection_name: &'static str) -> Self {
+        Self {
+            name: connection_name,
+            current: RefCell::new(None),
+        }
+    }
+
+    pub async fn get(&self, settings: &AmqpSettings) -> Result<ConfirmedPublisher, MqError> {
+        let current = self.current.borrow().clone();
+        if let Some((conn, publisher)) = current {
+            if conn.status().connected() && publisher.channel().status().connected() {
+                return Ok(publisher);
+            }
+        }
+        let conn = super::connect(settings, self.name).await?;
+        let publisher = ConfirmedPublisher::open(&conn).await?;
+        *self.current.borrow_mut() = Some((Rc::new(conn), publisher.clone()));
+        Ok(publisher)
+    }
+
+    /// Forget the current channel; the next `get` reconnects.
+    pub fn reset(&self) {
+        self.current.borrow_mut().take();
     }
 }

@@ -6,6 +6,9 @@
 //! {ns}.order.create.{shard}.retry   quorum, TTL = amqp.retry_delay_ms, dead-letters back to the shard
 //! {ns}.dead (direct) --order.create--> {ns}.order.create.dead
 //! {ns}.events (topic)                 outbox events (order.created, ...)
+//! {ns}.payment.callback               quorum; publish to the default exchange
+//! {ns}.payment.callback.retry         quorum, TTL, dead-letters back to the callback queue
+//! {ns}.dead --payment.callback--> {ns}.payment.callback.dead
 //! ```
 //! Dead-lettering between quorum queues is at-least-once (RabbitMQ 3.10+), so a message
 //! moving from the retry queue back to its shard cannot be lost on a broker failure.
@@ -49,9 +52,23 @@ impl Names {
     pub fn events_exchange(&self) -> String {
         format!("{}.events", self.ns)
     }
+    pub fn payment_queue(&self) -> String {
+        format!("{}.payment.callback", self.ns)
+    }
+    pub fn payment_retry_queue(&self) -> String {
+        format!("{}.payment.callback.retry", self.ns)
+    }
+    pub fn payment_dead_queue(&self) -> String {
+        format!("{}.payment.callback.dead", self.ns)
+    }
     /// Every queue of the order topology (for tests and tooling).
     pub fn order_queues(&self, shards: u16) -> Vec<String> {
-        let mut queues = vec![self.order_dead_queue()];
+        let mut queues = vec![
+            self.order_dead_queue(),
+            self.payment_queue(),
+            self.payment_retry_queue(),
+            self.payment_dead_queue(),
+        ];
         for shard in 0..shards {
             queues.push(self.order_queue(shard));
             queues.push(self.order_retry_queue(shard));
@@ -68,6 +85,7 @@ impl Names {
 }
 
 const DEAD_ROUTING_KEY: &str = "order.create";
+const PAYMENT_DEAD_ROUTING_KEY: &str = "payment.callback";
 
 fn text(s: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
@@ -171,5 +189,48 @@ pub async fn declare_order_topology(
             )
             .await?;
     }
+    Ok(())
+}
+
+/// Declares the payment-callback queues (after `declare_order_topology`, which
+/// declares the dead-letter exchange). Idempotent.
+pub async fn declare_payment_topology(
+    channel: &Channel,
+    names: &Names,
+    retry_delay_ms: u64,
+) -> Result<(), MqError> {
+    let dead = names.payment_dead_queue();
+    channel
+        .queue_declare(dead.as_str().into(), durable(), quorum_args())
+        .await?;
+    channel
+        .queue_bind(
+            dead.as_str().into(),
+            names.dead_exchange().as_str().into(),
+            PAYMENT_DEAD_ROUTING_KEY.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let queue = names.payment_queue();
+    let mut args = quorum_args();
+    at_least_once_dead_letter(&mut args, &names.dead_exchange(), PAYMENT_DEAD_ROUTING_KEY);
+    channel
+        .queue_declare(queue.as_str().into(), durable(), args)
+        .await?;
+    let mut retry_args = quorum_args();
+    retry_args.insert(
+        "x-message-ttl".into(),
+        AMQPValue::LongLongInt(i64::try_from(retry_delay_ms).unwrap_or(i64::MAX)),
+    );
+    // Back through the default exchange, whose routing key is the queue name.
+    at_least_once_dead_letter(&mut retry_args, "", &queue);
+    channel
+        .queue_declare(
+            names.payment_retry_queue().as_str().into(),
+            durable(),
+            retry_args,
+        )
+        .await?;
     Ok(())
 }

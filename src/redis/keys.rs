@@ -1,8 +1,10 @@
 //! Redis key layout. Every key of one SKU shares the hash tag `{activity:sku}`, so the
 //! front stage's Lua script can touch all of them in one call on a Redis Cluster too.
 //!
-//! `{prefix}:{activity:sku}:stock:{bucket}`  remaining units of one bucket
-//! `{prefix}:{activity:sku}:buckets`         number of buckets
+//! `{prefix}:{activity:sku}:stock:{bucket}`         remaining units of one bucket
+//! `{prefix}:{activity:sku}:buckets`                number of buckets
+//! `{prefix}:{activity:sku}:users`                  hash user_id → reservation_id (one per user)
+//! `{prefix}:{activity:sku}:released:{reservation}` the reservation's unit was given back
 
 #[derive(Debug, Clone)]
 pub struct SkuKeys {
@@ -22,6 +24,14 @@ impl SkuKeys {
 
     pub fn bucket_count(&self) -> String {
         format!("{}:buckets", self.base)
+    }
+
+    pub fn users(&self) -> String {
+        format!("{}:users", self.base)
+    }
+
+    pub fn released(&self, reservation_id: &uuid::Uuid) -> String {
+        format!("{}:released:{reservation_id}", self.base)
     }
 }
 

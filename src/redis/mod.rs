@@ -2,6 +2,7 @@
 //! with. PostgreSQL stays the source of truth; Redis only says "probably yes".
 
 pub mod keys;
+pub mod scripts;
 
 use secrecy::ExposeSecret;
 

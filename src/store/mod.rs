@@ -3,9 +3,13 @@
 //! inside transactions; the actors only decide *when* these functions run.
 
 pub mod activity;
+pub mod compensation;
 pub mod invariants;
 pub mod migrate;
 pub mod orders;
+pub mod outbox;
+pub mod payments;
+pub mod sweeps;
 
 use std::collections::HashMap;
 use std::time::Duration;

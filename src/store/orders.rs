@@ -12,8 +12,9 @@ use sha2::{Digest, Sha256};
 use tokio_postgres::Transaction;
 use uuid::Uuid;
 
+use super::compensation::{insert_task, NewTask};
+use super::outbox::{insert_event, Event};
 use super::{PgConn, StatementCache, StoreError};
-use crate::domain::ids::new_uuid;
 use crate::domain::message::OrderCreateMessage;
 use crate::domain::outcome::{retry_in_place, OrderOutcome, ResultCode};
 use crate::domain::status::{CompensationType, LedgerType, OrderStatus, ReservationStatus};
@@ -32,9 +33,6 @@ pub struct OrderTxContext {
     pub statement_timeout: String,
     pub max_attempts: u32,
 }
-
-/// The topic every outbox row is published under; the tag selects the routing key.
-pub const EVENT_TOPIC: &str = "SECKILL_EVENTS";
 
 /// Runs the order transaction, retrying the whole transaction in place on
 /// serialization failures and deadlocks (bounded, jittered). Everything else is
@@ -479,15 +477,16 @@ async fn reject(
         "quantity": 1,
         "reason": code.as_str(),
     });
-    tx.execute(
-        &st.get(tx, INSERT_REDIS_RELEASE_TASK).await?,
-        &[
-            &new_uuid(),
-            &format!("REDIS_STOCK_RELEASE:{}", msg.reservation_id),
-            &CompensationType::RedisStockRelease.code(),
-            &msg.reservation_id,
-            &payload,
-        ],
+    insert_task(
+        tx,
+        st,
+        NewTask {
+            task_type: CompensationType::RedisStockRelease,
+            idempotency_key: redis_release_key(msg.reservation_id),
+            reservation_id: Some(msg.reservation_id),
+            order_id: None,
+            payload: payload.clone(),
+        },
     )
     .await?;
     insert_event(
@@ -508,41 +507,14 @@ async fn reject(
     Ok(())
 }
 
-/// One outbox row (§9.7); `dedup_key` keeps one row per business event.
-pub struct Event {
-    pub dedup_key: String,
-    pub aggregate_type: &'static str,
-    pub aggregate_id: String,
-    pub tag: &'static str,
-    pub message_key: String,
-    pub payload: serde_json::Value,
-}
-
-pub async fn insert_event(
-    tx: &Transaction<'_>,
-    st: &mut StatementCache,
-    event: Event,
-) -> Result<(), StoreError> {
-    tx.execute(
-        &st.get(tx, INSERT_EVENT).await?,
-        &[
-            &new_uuid(),
-            &event.dedup_key,
-            &event.aggregate_type,
-            &event.aggregate_id,
-            &EVENT_TOPIC,
-            &event.tag,
-            &event.message_key,
-            &event.payload,
-        ],
-    )
-    .await?;
-    Ok(())
+/// One Redis give-back per reservation, whichever flow asks for it.
+pub fn redis_release_key(reservation_id: Uuid) -> String {
+    format!("REDIS_STOCK_RELEASE:{reservation_id}")
 }
 
 /// A COMMIT answered with an error did not commit; a COMMIT without an answer may
 /// have (§7.5).
-async fn commit(tx: Transaction<'_>) -> Result<(), StoreError> {
+pub(crate) async fn commit(tx: Transaction<'_>) -> Result<(), StoreError> {
     tx.commit().await.map_err(|e| {
         if e.code().is_some() {
             StoreError::Db(e)
@@ -691,16 +663,3 @@ SET status = $3,
     updated_at = statement_timestamp()
 WHERE reservation_id = $1
   AND status = $4";
-
-const INSERT_REDIS_RELEASE_TASK: &str = "
-INSERT INTO compensation_task (task_id, idempotency_key, task_type, reservation_id, payload)
-VALUES ($1, $2, $3, $4, $5)
-ON CONFLICT (idempotency_key) DO NOTHING";
-
-const INSERT_EVENT: &str = "
-INSERT INTO event_outbox (
-    event_id, dedup_key, aggregate_type, aggregate_id, topic, tag, message_key,
-    schema_version, payload, status
-)
-VALUES ($1, $2, $3, $4, $5, $6, $7, 1, $8, 0)
-ON CONFLICT (dedup_key) DO NOTHING";

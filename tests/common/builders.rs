@@ -128,3 +128,45 @@ pub async fn publish(env: &TestEnv, conn: &Connection, msgs: &[OrderCreateMessag
         }
     }
 }
+
+/// A payment callback paying `msg`'s order in full.
+pub fn payment_for(msg: &OrderCreateMessage) -> seckill_engine::domain::payment::PaymentCallback {
+    seckill_engine::domain::payment::PaymentCallback {
+        payment_id: Uuid::now_v7(),
+        payment_request_id: Uuid::now_v7(),
+        order_id: msg.order_id,
+        provider: "testpay".into(),
+        provider_trade_no: format!("TP{}", msg.order_id),
+        callback_id: format!("CB{}", msg.order_id),
+        amount: msg.unit_price,
+        currency: msg.currency.clone(),
+        paid_at: Utc::now(),
+        raw: None,
+    }
+}
+
+/// Publishes payment callbacks to the callback queue (default exchange) with confirms.
+pub async fn publish_payments(
+    env: &TestEnv,
+    conn: &Connection,
+    callbacks: &[seckill_engine::domain::payment::PaymentCallback],
+) {
+    let publisher = ConfirmedPublisher::open(conn).await.expect("publisher");
+    let queue = env.names.payment_queue();
+    for chunk in callbacks.chunks(2000) {
+        let results = join_all(chunk.iter().map(|cb| {
+            let body = serde_json::to_vec(cb).expect("serialize");
+            let publisher = &publisher;
+            let queue = &queue;
+            async move {
+                publisher
+                    .publish("", queue, &body, BasicProperties::default())
+                    .await
+            }
+        }))
+        .await;
+        for r in results {
+            r.expect("publish confirmed");
+        }
+    }
+}

@@ -3,6 +3,7 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod background;
 mod cli;
 mod pipeline;
 mod schema;

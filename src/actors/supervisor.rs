@@ -1,0 +1,130 @@
+//! The supervisor owns the background services: it starts each one, restarts one that
+//! failed (its service panicked) after an exponential, capped backoff, counts restarts,
+//! and stops them all on shutdown. A restart loses nothing: every unit of work is a
+//! PostgreSQL row or an unacked AMQP message.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use actix::prelude::*;
+
+use super::maintenance::{ChildFailed, StopChild};
+
+/// Starts a child and returns its stop handle; it reports failure to the recipient.
+pub type ChildFactory = Box<dyn Fn(Recipient<ChildFailed>) -> Recipient<StopChild>>;
+
+struct Child {
+    start: ChildFactory,
+    running: Option<Recipient<StopChild>>,
+    restarts: u32,
+}
+
+pub struct Supervisor {
+    children: HashMap<&'static str, Child>,
+    base: Duration,
+    max: Duration,
+}
+
+/// Restarts per child so far.
+#[derive(Message)]
+#[rtype(result = "HashMap<&'static str, u32>")]
+pub struct Restarts;
+
+/// Stop every child after its current unit of work.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct Shutdown;
+
+impl Supervisor {
+    pub fn new(base: Duration, max: Duration) -> Self {
+        Self {
+            children: HashMap::new(),
+            base,
+            max,
+        }
+    }
+
+    /// Registers a child under `name` (started with the supervisor).
+    pub fn child(mut self, name: &'static str, start: ChildFactory) -> Self {
+        self.children.insert(
+            name,
+            Child {
+                start,
+                running: None,
+                restarts: 0,
+            },
+        );
+        self
+    }
+
+    fn backoff(&self, restarts: u32) -> Duration {
+        self.base
+            .saturating_mul(1 << restarts.saturating_sub(1).min(16))
+            .min(self.max)
+    }
+}
+
+impl Actor for Supervisor {
+    type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        let me = ctx.address().recipient();
+        for child in self.children.values_mut() {
+            child.running = Some((child.start)(me.clone()));
+        }
+    }
+}
+
+impl Handler<ChildFailed> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, failed: ChildFailed, ctx: &mut Self::Context) {
+        let Some(child) = self.children.get_mut(failed.name) else {
+            return;
+        };
+        child.running = None;
+        child.restarts += 1;
+        let restarts = child.restarts;
+        metrics::counter!("seckill_actor_restarts_total", "actor" => failed.name).increment(1);
+        let delay = self.backoff(restarts);
+        tracing::warn!(
+            actor = failed.name,
+            restarts,
+            delay_ms = delay.as_millis() as u64,
+            "restarting background service"
+        );
+        let name = failed.name;
+        ctx.run_later(delay, move |supervisor, ctx| {
+            let me = ctx.address().recipient();
+            if let Some(child) = supervisor.children.get_mut(name) {
+                child.running = Some((child.start)(me));
+            }
+        });
+    }
+}
+
+impl Handler<Restarts> for Supervisor {
+    type Result = MessageResult<Restarts>;
+
+    fn handle(&mut self, _: Restarts, _: &mut Self::Context) -> Self::Result {
+        MessageResult(
+            self.children
+                .iter()
+                .map(|(name, child)| (*name, child.restarts))
+                .collect(),
+        )
+    }
+}
+
+impl Handler<Shutdown> for Supervisor {
+    type Result = ();
+
+    fn handle(&mut self, _: Shutdown, ctx: &mut Self::Context) {
+        for child in self.children.values_mut() {
+            if let Some(running) = child.running.take() {
+                running.do_send(StopChild);
+            }
+        }
+        ctx.stop();
+    }
+}

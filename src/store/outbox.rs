@@ -1,0 +1,220 @@
+//! The transactional outbox (seed §9.7, §9.8): events are written in the transaction of
+//! the fact they announce, claimed by publishers with `FOR UPDATE SKIP LOCKED` under a
+//! lease, and completed only by the owner of the lease (fencing): a row rescued from a
+//! dead publisher is never completed twice.
+
+use std::time::Duration;
+
+use tokio_postgres::{Client, Transaction};
+use uuid::Uuid;
+
+use super::{StatementCache, StoreError};
+use crate::domain::ids::new_uuid;
+
+/// The topic every outbox row is recorded under; the tag selects the routing key.
+pub const EVENT_TOPIC: &str = "SECKILL_EVENTS";
+
+/// One outbox row to write; `dedup_key` keeps one row per business event.
+pub struct Event {
+    pub dedup_key: String,
+    pub aggregate_type: &'static str,
+    pub aggregate_id: String,
+    pub tag: &'static str,
+    pub message_key: String,
+    pub payload: serde_json::Value,
+}
+
+/// Writes an event inside the caller's transaction.
+pub async fn insert_event(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    event: Event,
+) -> Result<(), StoreError> {
+    tx.execute(
+        &st.get(tx, INSERT_EVENT).await?,
+        &[
+            &new_uuid(),
+            &event.dedup_key,
+            &event.aggregate_type,
+            &event.aggregate_id,
+            &EVENT_TOPIC,
+            &event.tag,
+            &event.message_key,
+            &event.payload,
+        ],
+    )
+    .await?;
+    Ok(())
+}
+
+/// The AMQP routing key of an event tag: lower case, the first `_` becomes `.`
+/// (`ORDER_CREATED` → `order.created`, `INVENTORY_RELEASE_REQUESTED` →
+/// `inventory.release_requested`).
+pub fn routing_key(tag: &str) -> String {
+    tag.to_ascii_lowercase().replacen('_', ".", 1)
+}
+
+/// A claimed row, ready to publish.
+#[derive(Debug, Clone)]
+pub struct ClaimedEvent {
+    pub event_id: Uuid,
+    pub tag: Option<String>,
+    pub message_key: String,
+    pub schema_version: i32,
+    pub payload: serde_json::Value,
+    pub headers: serde_json::Value,
+    pub retry_count: i32,
+    pub max_retry: i32,
+}
+
+fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
+/// SENDING rows whose lease ran out go back to RETRY (§9.8).
+pub async fn recover_expired_leases(client: &Client, lease: Duration) -> Result<u64, StoreError> {
+    Ok(client.execute(RECOVER_LEASES, &[&millis(lease)]).await?)
+}
+
+/// Claims up to `limit` ready rows for `owner` and commits the claim.
+pub async fn claim(
+    client: &Client,
+    owner: &str,
+    limit: i64,
+) -> Result<Vec<ClaimedEvent>, StoreError> {
+    let rows = client.query(CLAIM, &[&limit, &owner]).await?;
+    Ok(rows
+        .iter()
+        .map(|r| ClaimedEvent {
+            event_id: r.get(0),
+            tag: r.get(1),
+            message_key: r.get(2),
+            schema_version: r.get(3),
+            payload: r.get(4),
+            headers: r.get(5),
+            retry_count: r.get(6),
+            max_retry: r.get(7),
+        })
+        .collect())
+}
+
+/// Confirmed rows → SENT, only while `owner` still holds their lease.
+pub async fn mark_sent(client: &Client, ids: &[Uuid], owner: &str) -> Result<u64, StoreError> {
+    Ok(client.execute(MARK_SENT, &[&ids, &owner]).await?)
+}
+
+/// A failed publish → RETRY after `backoff`, or DEAD once `max_retry` is reached.
+/// Returns whether the row went DEAD (None: the lease was lost meanwhile).
+pub async fn mark_failed(
+    client: &Client,
+    id: Uuid,
+    owner: &str,
+    backoff: Duration,
+    error: &str,
+) -> Result<Option<bool>, StoreError> {
+    let row = client
+        .query_opt(MARK_FAILED, &[&id, &owner, &millis(backoff), &error])
+        .await?;
+    Ok(row.map(|r| r.get::<_, i16>(0) == crate::domain::status::OutboxStatus::Dead.code()))
+}
+
+/// Deletes up to `limit` SENT rows older than `retention` (small batches, off the hot
+/// path).
+pub async fn delete_sent(
+    client: &Client,
+    retention: Duration,
+    limit: i64,
+) -> Result<u64, StoreError> {
+    Ok(client
+        .execute(DELETE_SENT, &[&millis(retention), &limit])
+        .await?)
+}
+
+const INSERT_EVENT: &str = "
+INSERT INTO event_outbox (
+    event_id, dedup_key, aggregate_type, aggregate_id, topic, tag, message_key,
+    schema_version, payload, status
+)
+VALUES ($1, $2, $3, $4, $5, $6, $7, 1, $8, 0)
+ON CONFLICT (dedup_key) DO NOTHING";
+
+const RECOVER_LEASES: &str = "
+UPDATE event_outbox
+SET status = 30,
+    available_at = statement_timestamp(),
+    locked_by = NULL,
+    locked_at = NULL,
+    last_error = 'SEND_LEASE_EXPIRED',
+    updated_at = statement_timestamp()
+WHERE status = 10
+  AND locked_at < statement_timestamp() - $1::bigint * interval '1 millisecond'";
+
+const CLAIM: &str = "
+WITH candidates AS (
+    SELECT event_id
+    FROM event_outbox
+    WHERE status IN (0, 30)
+      AND available_at <= statement_timestamp()
+    ORDER BY available_at, created_at, event_id
+    FOR UPDATE SKIP LOCKED
+    LIMIT $1
+)
+UPDATE event_outbox AS o
+SET status = 10,
+    locked_by = $2,
+    locked_at = statement_timestamp(),
+    updated_at = statement_timestamp()
+FROM candidates AS c
+WHERE o.event_id = c.event_id
+RETURNING o.event_id, o.tag, o.message_key, o.schema_version, o.payload, o.headers,
+          o.retry_count, o.max_retry";
+
+const MARK_SENT: &str = "
+UPDATE event_outbox
+SET status = 20,
+    sent_at = statement_timestamp(),
+    locked_by = NULL,
+    locked_at = NULL,
+    last_error = NULL,
+    updated_at = statement_timestamp()
+WHERE event_id = ANY($1)
+  AND status = 10
+  AND locked_by = $2";
+
+const MARK_FAILED: &str = "
+UPDATE event_outbox
+SET status = CASE WHEN retry_count + 1 >= max_retry THEN 40 ELSE 30 END,
+    retry_count = retry_count + 1,
+    available_at = statement_timestamp() + $3::bigint * interval '1 millisecond',
+    locked_by = NULL,
+    locked_at = NULL,
+    last_error = LEFT($4, 4000),
+    updated_at = statement_timestamp()
+WHERE event_id = $1
+  AND status = 10
+  AND locked_by = $2
+RETURNING status";
+
+const DELETE_SENT: &str = "
+DELETE FROM event_outbox
+WHERE event_id IN (
+    SELECT event_id FROM event_outbox
+    WHERE status = 20
+      AND sent_at < statement_timestamp() - $1::bigint * interval '1 millisecond'
+    LIMIT $2)";
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn routing_keys() {
+        assert_eq!(super::routing_key("ORDER_CREATED"), "order.created");
+        assert_eq!(
+            super::routing_key("INVENTORY_RELEASE_REQUESTED"),
+            "inventory.release_requested"
+        );
+        assert_eq!(
+            super::routing_key("PAYMENT_REFUND_REQUIRED"),
+            "payment.refund_required"
+        );
+    }
+}

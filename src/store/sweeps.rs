@@ -1,0 +1,210 @@
+//! Timeout cancellation (seed §9.10, §7.7): an unpaid order past its expiry is
+//! cancelled and its unit returned to its own bucket, in one transaction per order.
+//! The conditional cancel UPDATE races the payment's conditional PAID UPDATE on the
+//! same row: exactly one of them wins (§7.6).
+
+use serde_json::json;
+use uuid::Uuid;
+
+use super::compensation::{insert_task, NewTask};
+use super::orders::{commit, redis_release_key};
+use super::outbox::{insert_event, Event};
+use super::{PgConn, StoreError};
+use crate::domain::status::{CompensationType, LedgerType, ReservationStatus};
+
+/// An order this sweeper cancelled.
+#[derive(Debug, Clone)]
+pub struct Cancelled {
+    pub order_id: i64,
+    pub reservation_id: Uuid,
+}
+
+/// Claims the next expired order no one else holds (SKIP LOCKED on
+/// `idx_orders_expirable`), cancels it, releases its stock, and queues the event and
+/// the Redis give-back. `None` when nothing has expired.
+pub async fn cancel_next_expired(
+    conn: &mut PgConn,
+    ledger_id: i64,
+) -> Result<Option<Cancelled>, StoreError> {
+    let PgConn { client, statements } = conn;
+    let tx = client.transaction().await?;
+    let st = statements;
+    let Some(candidate) = tx
+        .query_opt(&st.get(&tx, CLAIM_EXPIRED).await?, &[])
+        .await?
+    else {
+        commit(tx).await?;
+        return Ok(None);
+    };
+    let order_id: i64 = candidate.get(0);
+    // §9.10: only a row returned here may release stock.
+    let Some(order) = tx
+        .query_opt(&st.get(&tx, CANCEL_ORDER).await?, &[&order_id])
+        .await?
+    else {
+        commit(tx).await?;
+        return Ok(None);
+    };
+    let reservation_id: Uuid = order.get(0);
+    let activity_id: i64 = order.get(1);
+    let sku_id: i64 = order.get(2);
+    let user_id: i64 = order.get(3);
+    let bucket: i16 = order.get(4);
+    let quantity: i16 = order.get(5);
+    let source_message_id: Uuid = order.get(6);
+
+    let released = tx
+        .execute(
+            &st.get(&tx, RELEASE_RESERVATION).await?,
+            &[
+                &reservation_id,
+                &ReservationStatus::Released.code(),
+                &ReservationStatus::Ordered.code(),
+                &ReservationStatus::ReleasePending.code(),
+            ],
+        )
+        .await?;
+    if released != 1 {
+        return Err(StoreError::Anomaly(format!(
+            "order {order_id} cancelled but its reservation {reservation_id} was not ORDERED"
+        )));
+    }
+    let qty = i32::from(quantity);
+    let Some(inv) = tx
+        .query_opt(
+            &st.get(&tx, RELEASE_INVENTORY).await?,
+            &[&activity_id, &sku_id, &bucket, &qty],
+        )
+        .await?
+    else {
+        return Err(StoreError::Anomaly(format!(
+            "bucket ({activity_id}, {sku_id}, {bucket}) holds less allocated stock than order {order_id}"
+        )));
+    };
+    let (before_available, after_available, before_allocated, after_allocated): (
+        i32,
+        i32,
+        i32,
+        i32,
+    ) = (inv.get(0), inv.get(1), inv.get(2), inv.get(3));
+    tx.execute(
+        &st.get(&tx, INSERT_RELEASE_LEDGER).await?,
+        &[
+            &ledger_id,
+            &reservation_id,
+            &order_id,
+            &source_message_id,
+            &activity_id,
+            &sku_id,
+            &user_id,
+            &bucket,
+            &LedgerType::Release.code(),
+            &qty,
+            &before_available,
+            &after_available,
+            &before_allocated,
+            &after_allocated,
+        ],
+    )
+    .await?;
+    let payload = json!({
+        "order_id": order_id,
+        "reservation_id": reservation_id,
+        "activity_id": activity_id,
+        "sku_id": sku_id,
+        "user_id": user_id,
+        "inventory_bucket": bucket,
+        "quantity": quantity,
+        "reason": "PAY_TIMEOUT",
+    });
+    insert_event(
+        &tx,
+        st,
+        Event {
+            dedup_key: format!("ORDER_CANCELLED:{order_id}"),
+            aggregate_type: "ORDER",
+            aggregate_id: order_id.to_string(),
+            tag: "ORDER_CANCELLED",
+            message_key: order_id.to_string(),
+            payload: payload.clone(),
+        },
+    )
+    .await?;
+    insert_task(
+        &tx,
+        st,
+        NewTask {
+            task_type: CompensationType::RedisStockRelease,
+            idempotency_key: redis_release_key(reservation_id),
+            reservation_id: Some(reservation_id),
+            order_id: Some(order_id),
+            payload,
+        },
+    )
+    .await?;
+    commit(tx).await?;
+    Ok(Some(Cancelled {
+        order_id,
+        reservation_id,
+    }))
+}
+
+const CLAIM_EXPIRED: &str = "
+SELECT order_id
+FROM orders
+WHERE status IN (10, 20)
+  AND expire_at <= statement_timestamp()
+ORDER BY expire_at, order_id
+LIMIT 1
+FOR UPDATE SKIP LOCKED";
+
+const CANCEL_ORDER: &str = "
+UPDATE orders
+SET status = 40,
+    cancelled_at = statement_timestamp(),
+    cancel_reason = 'PAY_TIMEOUT',
+    version = version + 1,
+    updated_at = statement_timestamp()
+WHERE order_id = $1
+  AND status IN (10, 20)
+  AND expire_at <= statement_timestamp()
+RETURNING reservation_id, activity_id, sku_id, user_id, inventory_bucket, quantity,
+          source_message_id";
+
+const RELEASE_RESERVATION: &str = "
+UPDATE inventory_reservation
+SET status = $2,
+    released_at = statement_timestamp(),
+    version = version + 1,
+    updated_at = statement_timestamp()
+WHERE reservation_id = $1
+  AND status IN ($3, $4)";
+
+const RELEASE_INVENTORY: &str = "
+UPDATE sku_inventory
+SET available_stock = available_stock + $4,
+    allocated_stock = allocated_stock - $4,
+    version = version + 1,
+    updated_at = statement_timestamp()
+WHERE activity_id = $1
+  AND sku_id = $2
+  AND bucket_no = $3
+  AND allocated_stock >= $4
+RETURNING
+    available_stock - $4 AS before_available,
+    available_stock AS after_available,
+    allocated_stock + $4 AS before_allocated,
+    allocated_stock AS after_allocated";
+
+const INSERT_RELEASE_LEDGER: &str = "
+INSERT INTO inventory_ledger (
+    ledger_id, idempotency_key, reservation_id, order_id, source_message_id,
+    activity_id, sku_id, user_id, inventory_bucket, ledger_type,
+    available_delta, allocated_delta,
+    before_available, after_available, before_allocated, after_allocated, reason
+)
+VALUES (
+    $1, 'RELEASE:' || $2::uuid::text, $2, $3, $4, $5, $6, $7, $8, $9,
+    $10::int, -($10::int), $11, $12, $13, $14, 'PAY_TIMEOUT'
+)
+ON CONFLICT (idempotency_key) DO NOTHING";

@@ -1,0 +1,580 @@
+//! The supervised background services: outbox publisher, sweeper, compensation worker,
+//! payment callbacks racing timeout cancels (seed §9.8–§9.10, §7.6).
+
+use std::cell::Cell;
+use std::collections::{HashMap, HashSet};
+use std::rc::Rc;
+use std::time::Duration;
+
+use chrono::{TimeDelta, Utc};
+use figment::providers::Serialized;
+use futures_util::future::LocalBoxFuture;
+use lapin::options::{
+    BasicAckOptions, BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
+    QueueBindOptions,
+};
+use lapin::types::FieldTable;
+use lapin::ExchangeKind;
+use seckill_engine::actors::maintenance::{Outcome, Service, ServiceError};
+use seckill_engine::actors::outbox_publisher::{OutboxConfig, OutboxPublisher};
+use seckill_engine::actors::supervisor::{Restarts, Supervisor};
+use seckill_engine::engine::child;
+use seckill_engine::redis::keys::SkuKeys;
+use tokio_postgres::Client;
+
+use crate::common::builders::{self, order};
+use crate::common::engine::EngineHandle;
+use crate::common::{assert_invariants, count, wait_until, TestEnv};
+
+const SETTLE: Duration = Duration::from_secs(180);
+
+async fn wait_for(db: &Client, sql: &str, expected: i64) {
+    let ok = wait_until(SETTLE, || async { count(db, sql).await == expected }).await;
+    assert!(ok, "{sql}: {} != {expected}", count(db, sql).await);
+}
+
+/// A queue bound to the events exchange for `routing_key`, declared before any event
+/// is published (events nobody is bound to are not kept).
+async fn bind_events(
+    env: &TestEnv,
+    channel: &lapin::Channel,
+    name: &str,
+    routing_key: &str,
+) -> String {
+    channel
+        .exchange_declare(
+            env.names.events_exchange().as_str().into(),
+            ExchangeKind::Topic,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let queue = format!("{}.test.{name}", env.settings.amqp.namespace);
+    env.declare_queue(channel, &queue).await;
+    channel
+        .queue_bind(
+            queue.as_str().into(),
+            env.names.events_exchange().as_str().into(),
+            routing_key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    queue
+}
+
+/// Takes every message in `queue` and counts how often each message id arrived. Call
+/// it once the rows are SENT: a row is SENT only after the broker confirmed (and so
+/// enqueued) its message.
+async fn drain_events(channel: &lapin::Channel, queue: &str) -> HashMap<String, u32> {
+    let mut seen: HashMap<String, u32> = HashMap::new();
+    while let Some(msg) = channel
+        .basic_get(queue.into(), BasicGetOptions::default())
+        .await
+        .unwrap()
+    {
+        let id = msg
+            .delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|s| s.to_string())
+            .unwrap_or_default();
+        *seen.entry(id).or_default() += 1;
+        msg.delivery
+            .acker
+            .ack(BasicAckOptions::default())
+            .await
+            .unwrap();
+    }
+    seen
+}
+
+#[actix_rt::test]
+async fn payment_and_timeout_cancel_never_both_win() {
+    let env = TestEnv::with(|f| {
+        f.merge(Serialized::default("sweeper.interval_ms", 20))
+            .merge(Serialized::default("amqp.shards", 2))
+    })
+    .await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 41, 1, 1_000, 8).await;
+    // Far enough out for 1,000 orders to be created first on a busy 2-core machine.
+    let expire_at = Utc::now() + TimeDelta::seconds(25);
+    let msgs: Vec<_> = (0..1_000)
+        .map(|user| {
+            let mut m = order(41, 1, user + 1, (user % 8) as i16);
+            m.order_expire_at = expire_at;
+            m
+        })
+        .collect();
+    let amqp = env.amqp().await;
+    let engine = EngineHandle::start(&env.settings).await;
+    builders::publish(&env, &amqp, &msgs).await;
+    wait_for(&db, "SELECT count(*) FROM orders WHERE status = 10", 1_000).await;
+    assert!(
+        Utc::now() < expire_at,
+        "orders were created too slowly for the race"
+    );
+
+    // Callbacks go out just before the orders expire, so the sweeper and the payments
+    // meet on the same rows.
+    let wait = (expire_at - Utc::now() - TimeDelta::milliseconds(300))
+        .to_std()
+        .unwrap_or_default();
+    tokio::time::sleep(wait).await;
+    let callbacks: Vec<_> = msgs.iter().map(builders::payment_for).collect();
+    builders::publish_payments(&env, &amqp, &callbacks).await;
+    wait_for(
+        &db,
+        "SELECT count(*) FROM consumer_inbox WHERE tag = 'PAYMENT_CALLBACK'",
+        1_000,
+    )
+    .await;
+    wait_for(
+        &db,
+        "SELECT count(*) FROM orders WHERE status IN (30, 40)",
+        1_000,
+    )
+    .await;
+    engine.stop().await;
+
+    let paid = count(&db, "SELECT count(*) FROM orders WHERE status = 30").await;
+    let cancelled = count(&db, "SELECT count(*) FROM orders WHERE status = 40").await;
+    println!("race result: {paid} paid, {cancelled} cancelled");
+    assert_eq!(paid + cancelled, 1_000);
+    // No paid order gave its stock back; every cancelled one did, once.
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM orders o JOIN inventory_ledger l ON l.order_id = o.order_id AND l.ledger_type = 20 WHERE o.status = 30").await,
+        0
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM inventory_ledger WHERE ledger_type = 20"
+        )
+        .await,
+        cancelled
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT sum(allocated_stock)::bigint FROM sku_inventory WHERE activity_id = 41"
+        )
+        .await,
+        paid
+    );
+    // Every cancelled order that was paid has exactly one refund task.
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM orders o WHERE o.status = 40 AND (SELECT count(*) FROM compensation_task t WHERE t.order_id = o.order_id AND t.task_type = 20) <> 1").await,
+        0
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM compensation_task WHERE task_type = 20"
+        )
+        .await,
+        cancelled
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM consumer_inbox WHERE result_code = 'PAID_AFTER_CANCEL'"
+        )
+        .await,
+        cancelled
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM consumer_inbox WHERE result_code = 'PAID'"
+        )
+        .await,
+        paid
+    );
+    assert_invariants(&db).await;
+    env.cleanup().await;
+}
+
+#[actix_rt::test]
+async fn every_created_order_is_announced_once_even_with_two_publishers() {
+    let env = TestEnv::with(|f| f.merge(Serialized::default("amqp.shards", 4))).await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 42, 1, 5_000, 16).await;
+    let amqp = env.amqp().await;
+    let channel = amqp.create_channel().await.unwrap();
+    let queue = bind_events(&env, &channel, "created", "order.created").await;
+
+    // Two engines: two publishers claiming from the same outbox.
+    let first = EngineHandle::start(&env.settings).await;
+    let second = EngineHandle::start(&env.settings).await;
+    let msgs: Vec<_> = (0..5_000)
+        .map(|u| order(42, 1, u + 1, (u % 16) as i16))
+        .collect();
+    builders::publish(&env, &amqp, &msgs).await;
+    wait_for(
+        &db,
+        "SELECT count(*) FROM event_outbox WHERE tag = 'ORDER_CREATED' AND status = 20",
+        5_000,
+    )
+    .await;
+    let seen = drain_events(&channel, &queue).await;
+    first.stop().await;
+    second.stop().await;
+
+    assert_eq!(seen.len(), 5_000);
+    let duplicates: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    assert!(
+        duplicates.is_empty(),
+        "published twice without a lease expiry: {duplicates:?}"
+    );
+    let event_ids: HashSet<String> = db
+        .query(
+            "SELECT event_id::text FROM event_outbox WHERE tag = 'ORDER_CREATED'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(
+        event_ids,
+        seen.keys().cloned().collect::<HashSet<_>>(),
+        "AMQP message_id = event_id"
+    );
+    env.cleanup().await;
+}
+
+/// Creates `n` orders of activity `activity` with an engine whose publisher sleeps, so
+/// their events stay PENDING in the outbox.
+async fn orders_with_unpublished_events(env: &TestEnv, db: &mut Client, activity: i64, n: i64) {
+    builders::activity(db, activity, 1, 100, 1).await;
+    let mut quiet = env.settings.clone();
+    quiet.outbox.interval_ms = 3_600_000;
+    let engine = EngineHandle::start(&quiet).await;
+    let amqp = env.amqp().await;
+    let msgs: Vec<_> = (0..n).map(|u| order(activity, 1, u + 1, 0)).collect();
+    builders::publish(env, &amqp, &msgs).await;
+    wait_for(db, "SELECT count(*) FROM event_outbox WHERE status = 0", n).await;
+    engine.stop().await;
+}
+
+#[actix_rt::test]
+async fn a_publisher_that_died_after_publishing_is_replaced_and_the_event_comes_again() {
+    let env = TestEnv::with(|f| f.merge(Serialized::default("outbox.lease_ms", 1_000))).await;
+    let mut db = env.db().await;
+    let amqp = env.amqp().await;
+    let channel = amqp.create_channel().await.unwrap();
+    let queue = bind_events(&env, &channel, "created", "order.created").await;
+    orders_with_unpublished_events(&env, &mut db, 43, 20).await;
+
+    // The dying publisher: claims, publishes with confirms, dies before SENT.
+    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
+    let conn = pool.get().await.unwrap();
+    let claimed = seckill_engine::store::outbox::claim(&conn.client, "dying-publisher", 100)
+        .await
+        .unwrap();
+    assert_eq!(claimed.len(), 20);
+    let publisher = seckill_engine::mq::publisher::ConfirmedPublisher::open(&amqp)
+        .await
+        .unwrap();
+    let results = seckill_engine::actors::outbox_publisher::publish_all(
+        &publisher,
+        &env.names.events_exchange(),
+        &claimed,
+    )
+    .await;
+    assert!(results.iter().all(|r| r.is_ok()));
+    drop(conn);
+
+    // A new publisher takes the rows back after the lease and sends them again.
+    let engine = EngineHandle::start(&env.settings).await;
+    wait_for(
+        &db,
+        "SELECT count(*) FROM event_outbox WHERE status = 20",
+        20,
+    )
+    .await;
+    engine.stop().await;
+    // The old owner can no longer complete them (fencing).
+    let ids: Vec<uuid::Uuid> = claimed.iter().map(|e| e.event_id).collect();
+    let late = seckill_engine::store::outbox::mark_sent(
+        &pool.get().await.unwrap().client,
+        &ids,
+        "dying-publisher",
+    )
+    .await
+    .unwrap();
+    assert_eq!(late, 0);
+
+    let seen = drain_events(&channel, &queue).await;
+    let total: u32 = seen.values().sum();
+    assert_eq!(seen.len(), 20, "no event lost");
+    assert_eq!(
+        total, 40,
+        "each event arrived twice, with the same event_id: {seen:?}"
+    );
+    for event in &claimed {
+        assert_eq!(seen.get(&event.event_id.to_string()), Some(&2));
+    }
+    env.cleanup().await;
+}
+
+#[actix_rt::test]
+async fn events_wait_in_retry_while_the_broker_refuses_them_and_all_go_out_after() {
+    let env = TestEnv::with(|f| {
+        f.merge(Serialized::default("outbox.backoff_base_ms", 100))
+            .merge(Serialized::default("outbox.backoff_max_ms", 1_000))
+            .merge(Serialized::default("outbox.interval_ms", 50))
+    })
+    .await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 44, 1, 100, 1).await;
+    let amqp = env.amqp().await;
+    let channel = amqp.create_channel().await.unwrap();
+    let engine = EngineHandle::start(&env.settings).await;
+    // The broker refuses every publish to the events exchange while it is missing.
+    channel
+        .exchange_delete(
+            env.names.events_exchange().as_str().into(),
+            ExchangeDeleteOptions::default(),
+        )
+        .await
+        .unwrap();
+    let msgs: Vec<_> = (0..30).map(|u| order(44, 1, u + 1, 0)).collect();
+    builders::publish(&env, &amqp, &msgs).await;
+    wait_for(
+        &db,
+        "SELECT count(*) FROM event_outbox WHERE status = 30 AND retry_count >= 3",
+        30,
+    )
+    .await;
+    // Backoff grows: later retries are scheduled further out.
+    let spread: f64 = db
+        .query_one(
+            "SELECT extract(epoch FROM max(available_at - updated_at))::float8 FROM event_outbox",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(spread >= 0.3, "retry delay did not grow: {spread}");
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM event_outbox WHERE status = 40").await,
+        0
+    );
+
+    let queue = bind_events(&env, &channel, "after", "order.created").await;
+    wait_for(
+        &db,
+        "SELECT count(*) FROM event_outbox WHERE status = 20",
+        30,
+    )
+    .await;
+    engine.stop().await;
+    assert_eq!(drain_events(&channel, &queue).await.len(), 30);
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM event_outbox WHERE status = 40").await,
+        0
+    );
+    env.cleanup().await;
+}
+
+#[actix_rt::test]
+async fn the_sweeper_returns_expired_stock_and_redis_gets_each_unit_back_once() {
+    let env = TestEnv::with(|f| {
+        f.merge(Serialized::default("sweeper.interval_ms", 50))
+            .merge(Serialized::default("compensation.interval_ms", 50))
+    })
+    .await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 45, 1, 40, 4).await;
+    let keys = SkuKeys::new(&env.settings.redis.key_prefix, 45, 1);
+    let mut redis = env.redis().await;
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[10, 10, 10, 10])
+        .await
+        .unwrap();
+
+    let expire_at = Utc::now() + TimeDelta::seconds(2);
+    let msgs: Vec<_> = (0..20)
+        .map(|u| {
+            let mut m = order(45, 1, u + 1, (u % 4) as i16);
+            m.order_expire_at = expire_at;
+            m
+        })
+        .collect();
+    let amqp = env.amqp().await;
+    let engine = EngineHandle::start(&env.settings).await;
+    builders::publish(&env, &amqp, &msgs).await;
+    wait_for(&db, "SELECT count(*) FROM orders WHERE status = 40", 20).await;
+    wait_for(
+        &db,
+        "SELECT count(*) FROM compensation_task WHERE task_type = 10 AND status = 20",
+        20,
+    )
+    .await;
+
+    let stock = |redis: &mut ::redis::aio::MultiplexedConnection| {
+        let keys = keys.clone();
+        let mut redis = redis.clone();
+        async move {
+            let mut out = Vec::new();
+            for b in 0..4 {
+                let v: i64 = ::redis::cmd("GET")
+                    .arg(keys.stock(b))
+                    .query_async(&mut redis)
+                    .await
+                    .unwrap();
+                out.push(v);
+            }
+            out
+        }
+    };
+    assert_eq!(
+        stock(&mut redis).await,
+        vec![15, 15, 15, 15],
+        "each unit given back once"
+    );
+
+    // Run every give-back again, as a worker would after a lease expiry: no change.
+    db.execute(
+        "UPDATE compensation_task SET status = 0, next_run_at = now() WHERE task_type = 10",
+        &[],
+    )
+    .await
+    .unwrap();
+    wait_for(
+        &db,
+        "SELECT count(*) FROM compensation_task WHERE task_type = 10 AND status = 20",
+        20,
+    )
+    .await;
+    engine.stop().await;
+    assert_eq!(
+        stock(&mut redis).await,
+        vec![15, 15, 15, 15],
+        "a second run changes nothing"
+    );
+
+    // PostgreSQL: the exact stock is back in its buckets, with a RELEASE ledger row each.
+    assert_eq!(
+        count(
+            &db,
+            "SELECT sum(allocated_stock)::bigint FROM sku_inventory WHERE activity_id = 45"
+        )
+        .await,
+        0
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT sum(available_stock)::bigint FROM sku_inventory WHERE activity_id = 45"
+        )
+        .await,
+        40
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM inventory_ledger WHERE ledger_type = 20"
+        )
+        .await,
+        20
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM inventory_reservation WHERE status = 40"
+        )
+        .await,
+        20
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM event_outbox WHERE tag = 'ORDER_CANCELLED'"
+        )
+        .await,
+        20
+    );
+    assert_invariants(&db).await;
+    env.cleanup().await;
+}
+
+/// The real publisher, except that its first run claims rows and then panics.
+struct PanicOnce {
+    inner: OutboxPublisher,
+    pool: seckill_engine::store::Pool,
+    armed: Rc<Cell<bool>>,
+}
+
+impl Service for PanicOnce {
+    const NAME: &'static str = "outbox_publisher";
+    fn interval(&self) -> Duration {
+        self.inner.interval()
+    }
+    fn run_once(&self) -> LocalBoxFuture<'static, Result<Outcome, ServiceError>> {
+        if !self.armed.replace(false) {
+            return self.inner.run_once();
+        }
+        let pool = self.pool.clone();
+        let owner = self.inner.owner().to_owned();
+        Box::pin(async move {
+            let conn = pool.get().await.unwrap();
+            let claimed = seckill_engine::store::outbox::claim(&conn.client, &owner, 1_000)
+                .await
+                .unwrap();
+            assert!(!claimed.is_empty());
+            panic!("publisher dies holding {} claimed rows", claimed.len());
+        })
+    }
+}
+
+#[actix_rt::test]
+async fn a_publisher_that_panics_is_restarted_and_no_row_is_lost() {
+    let env = TestEnv::with(|f| f.merge(Serialized::default("outbox.lease_ms", 500))).await;
+    let mut db = env.db().await;
+    orders_with_unpublished_events(&env, &mut db, 46, 25).await;
+
+    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
+    let armed = Rc::new(Cell::new(true));
+    let factory = {
+        let (pool, amqp_settings, armed) = (pool.clone(), env.settings.amqp.clone(), armed.clone());
+        let config = OutboxConfig::from(&env.settings.outbox);
+        child(move || PanicOnce {
+            inner: OutboxPublisher::new(pool.clone(), amqp_settings.clone(), config.clone()),
+            pool: pool.clone(),
+            armed: armed.clone(),
+        })
+    };
+    let supervisor = actix::Actor::start(
+        Supervisor::new(Duration::from_millis(50), Duration::from_secs(1))
+            .child("outbox_publisher", factory),
+    );
+    wait_for(
+        &db,
+        "SELECT count(*) FROM event_outbox WHERE status = 20",
+        25,
+    )
+    .await;
+    let restarts = supervisor.send(Restarts).await.unwrap();
+    assert_eq!(restarts.get("outbox_publisher"), Some(&1));
+    assert!(!armed.get(), "the first run did panic");
+    // The rows the dead publisher held came back through lease recovery.
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM event_outbox WHERE last_error IS NULL AND status <> 20"
+        )
+        .await,
+        0
+    );
+    env.cleanup().await;
+}
