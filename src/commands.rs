@@ -116,23 +116,26 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
 }
 
 async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
+    use tokio::signal::unix::{signal, SignalKind};
+    // Handlers first: a signal that arrives while the engine starts is not lost.
+    let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
+    let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
     let engine = Engine::start(&settings)
         .await
         .context("starting the engine")?;
-    wait_for_signal().await?;
+    let front = crate::http::start(&settings, engine.pool().clone())
+        .await
+        .context("starting the front stage")?;
+    let http = front.server.handle();
+    actix_rt::spawn(front.server);
+    tokio::select! {
+        _ = term.recv() => {}
+        _ = int.recv() => {}
+    }
     tracing::info!("signal received, stopping");
+    http.stop(true).await;
     engine.stop().await;
     Ok(ExitCode::SUCCESS)
-}
-
-async fn wait_for_signal() -> anyhow::Result<()> {
-    use tokio::signal::unix::{signal, SignalKind};
-    let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
-    tokio::select! {
-        r = tokio::signal::ctrl_c() => r.context("waiting for SIGINT")?,
-        _ = term.recv() => {}
-    }
-    Ok(())
 }
 
 async fn migrate_cmd(settings: &Settings) -> anyhow::Result<ExitCode> {

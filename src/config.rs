@@ -46,6 +46,16 @@ pub struct Settings {
     pub compensation: CompensationSettings,
     pub payment: PaymentSettings,
     pub supervisor: SupervisorSettings,
+    pub frontstage: FrontstageSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FrontstageSettings {
+    pub reservation_ttl_ms: u64,
+    pub request_ttl_secs: u64,
+    pub workers: usize,
+    pub reconcile_interval_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]

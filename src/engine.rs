@@ -21,6 +21,7 @@ use crate::actors::intake::{
 };
 use crate::actors::maintenance::{Maintenance, Service};
 use crate::actors::outbox_publisher::{OutboxConfig, OutboxPublisher};
+use crate::actors::reconciler::Reconciler;
 use crate::actors::registry::Registry;
 use crate::actors::reservation::ReservationActor;
 use crate::actors::supervisor::{ChildFactory, Shutdown, Supervisor};
@@ -230,7 +231,8 @@ impl IntakeStarter<'_> {
     }
 }
 
-/// The supervisor with the outbox publisher, the sweeper and the compensation worker.
+/// The supervisor with the outbox publisher, the sweeper, the compensation worker
+/// and the reconciler of Redis reservations.
 pub fn background_services(settings: &Settings, pool: &Pool) -> Supervisor {
     let ids = Rc::new(IdGenerator::new(settings.engine.node_id));
     let outbox = {
@@ -250,6 +252,12 @@ pub fn background_services(settings: &Settings, pool: &Pool) -> Supervisor {
             CompensationWorker::new(pool.clone(), redis.clone(), amqp.clone(), config.clone())
         })
     };
+    let reconciler = {
+        let (pool, redis) = (pool.clone(), settings.redis.clone());
+        let interval = Duration::from_millis(settings.frontstage.reconcile_interval_ms);
+        let marker_ttl = settings.compensation.released_marker_ttl_secs;
+        child(move || Reconciler::new(pool.clone(), redis.clone(), interval, marker_ttl))
+    };
     Supervisor::new(
         Duration::from_millis(settings.supervisor.restart_base_ms),
         Duration::from_millis(settings.supervisor.restart_max_ms),
@@ -257,6 +265,7 @@ pub fn background_services(settings: &Settings, pool: &Pool) -> Supervisor {
     .child(OutboxPublisher::NAME, outbox)
     .child(Sweeper::NAME, sweeper)
     .child(CompensationWorker::NAME, compensation)
+    .child(Reconciler::NAME, reconciler)
 }
 
 /// A supervisor child that runs a fresh service from `make` on every (re)start.

@@ -6,6 +6,7 @@ pub mod commands;
 pub mod config;
 pub mod domain;
 pub mod engine;
+pub mod http;
 pub mod mq;
 pub mod redis;
 pub mod store;

@@ -59,6 +59,14 @@ fn now_ms() -> u64 {
     unix.saturating_sub(EPOCH_MS)
 }
 
+/// The order number shown to people: derived from the order id but not the raw id
+/// (whose bits reveal the node and the sequence), 20 characters.
+pub fn order_no(order_id: i64) -> String {
+    // A fixed odd multiplier is a bijection on u64: distinct ids, distinct numbers.
+    let scrambled = (order_id as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ 0x5EC6_111A_5EC6_111A;
+    format!("SK{scrambled:018}")
+}
+
 /// A new UUIDv7 for events and tasks.
 pub fn new_uuid() -> uuid::Uuid {
     uuid::Uuid::now_v7()
@@ -67,6 +75,16 @@ pub fn new_uuid() -> uuid::Uuid {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn order_numbers_are_distinct_and_not_the_id() {
+        let g = IdGenerator::new(3);
+        let ids: Vec<i64> = (0..1000).map(|_| g.next_id()).collect();
+        let nos: std::collections::HashSet<String> = ids.iter().map(|i| order_no(*i)).collect();
+        assert_eq!(nos.len(), 1000);
+        assert!(!order_no(ids[0]).contains(&ids[0].to_string()));
+        assert!(order_no(ids[0]).len() <= 40);
+    }
 
     #[test]
     fn ids_increase_and_carry_the_node() {

@@ -5,6 +5,8 @@
 //! `{prefix}:{activity:sku}:buckets`                number of buckets
 //! `{prefix}:{activity:sku}:users`                  hash user_id → reservation_id (one per user)
 //! `{prefix}:{activity:sku}:released:{reservation}` the reservation's unit was given back
+//! `{prefix}:{activity:sku}:pending`                zset "reservation:user:bucket" by expiry (ms)
+//! `{prefix}:{activity:sku}:request:{request_id}`   the answer to a reservation request
 
 #[derive(Debug, Clone)]
 pub struct SkuKeys {
@@ -28,6 +30,19 @@ impl SkuKeys {
 
     pub fn users(&self) -> String {
         format!("{}:users", self.base)
+    }
+
+    pub fn pending(&self) -> String {
+        format!("{}:pending", self.base)
+    }
+
+    pub fn request(&self, request_id: &uuid::Uuid) -> String {
+        format!("{}:request:{request_id}", self.base)
+    }
+
+    /// Member of the pending set for one reservation.
+    pub fn pending_member(reservation_id: &uuid::Uuid, user_id: i64, bucket: i16) -> String {
+        format!("{reservation_id}:{user_id}:{bucket}")
     }
 
     pub fn released(&self, reservation_id: &uuid::Uuid) -> String {

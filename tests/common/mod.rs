@@ -159,7 +159,9 @@ impl TestEnv {
             .merge(Serialized::default("amqp.namespace", &namespace))
             .merge(Serialized::default("redis.key_prefix", &namespace))
             // Tests want retries to come back quickly.
-            .merge(Serialized::default("amqp.retry_delay_ms", 200));
+            .merge(Serialized::default("amqp.retry_delay_ms", 200))
+            // Any free port: tests run in parallel.
+            .merge(Serialized::default("http.addr", "127.0.0.1:0"));
         let figment = overrides(figment);
         let settings = Settings::from_figment(&figment).expect("test settings");
         TestEnv {

@@ -5,6 +5,7 @@ mod common;
 
 mod background;
 mod cli;
+mod frontstage;
 mod pipeline;
 mod schema;
 mod services;

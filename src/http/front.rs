@@ -1,0 +1,403 @@
+//! The front stage: `POST /v1/activities/{activity_id}/skus/{sku_id}/reservations`
+//! reserves a unit in Redis (the fast pre-filter) and queues the `order.create`
+//! message with publisher confirms; `GET /v1/reservations/{id}` and
+//! `GET /v1/orders/{id}` answer from PostgreSQL, the primary (never a replica,
+//! §14.4), so a client sees its own committed order at once.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use actix_web::{web, HttpResponse};
+use chrono::{DateTime, TimeDelta, Utc};
+use lapin::BasicProperties;
+use serde::Deserialize;
+use serde_json::json;
+use uuid::Uuid;
+
+use super::HttpError;
+use crate::config::{AmqpSettings, FrontstageSettings, Settings};
+use crate::domain::ids::{order_no, IdGenerator};
+use crate::domain::message::OrderCreateMessage;
+use crate::domain::shard::shard_for;
+use crate::mq::publisher::ConfirmedPublisher;
+use crate::mq::topology::Names;
+use crate::redis::keys::SkuKeys;
+use crate::redis::scripts::{self, Reserved};
+use crate::store::Pool;
+
+/// What the handlers share.
+pub struct FrontStage {
+    pool: Pool,
+    redis: ::redis::aio::MultiplexedConnection,
+    key_prefix: String,
+    amqp: AmqpSettings,
+    /// The confirm channel and its connection, reopened when the broker closed them.
+    publisher: tokio::sync::RwLock<(lapin::Connection, ConfirmedPublisher)>,
+    names: Names,
+    shards: u16,
+    ids: IdGenerator,
+    settings: FrontstageSettings,
+    marker_ttl_secs: u64,
+    skus: Mutex<HashMap<(i64, i64), Arc<Sku>>>,
+}
+
+/// What a reservation needs to know of its SKU; cached after the first request.
+#[derive(Debug)]
+struct Sku {
+    buckets: i16,
+    unit_price: i64,
+    currency: String,
+    order_ttl_ms: i64,
+    start_at: DateTime<Utc>,
+    end_at: DateTime<Utc>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReserveRequest {
+    user_id: i64,
+    request_id: Uuid,
+}
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.route(
+        "/v1/activities/{activity_id}/skus/{sku_id}/reservations",
+        web::post().to(reserve),
+    )
+    .route(
+        "/v1/reservations/{reservation_id}",
+        web::get().to(reservation),
+    )
+    .route("/v1/orders/{order_id}", web::get().to(order));
+}
+
+impl FrontStage {
+    pub async fn connect(settings: &Settings, pool: Pool) -> Result<Self, HttpError> {
+        let redis = crate::redis::connect(&settings.redis).await?;
+        let amqp = crate::mq::connect(&settings.amqp, "seckill-frontstage").await?;
+        let publisher = ConfirmedPublisher::open(&amqp).await?;
+        Ok(Self {
+            pool,
+            redis,
+            key_prefix: settings.redis.key_prefix.clone(),
+            amqp: settings.amqp.clone(),
+            publisher: tokio::sync::RwLock::new((amqp, publisher)),
+            names: Names::new(&settings.amqp.namespace),
+            shards: settings.amqp.shards,
+            ids: IdGenerator::new(settings.engine.node_id),
+            settings: settings.frontstage.clone(),
+            marker_ttl_secs: settings.compensation.released_marker_ttl_secs,
+            skus: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The confirm channel; reopened (on a new connection if need be) after the broker
+    /// closed it, e.g. after a publish to a missing exchange.
+    async fn publisher(&self) -> Result<ConfirmedPublisher, crate::mq::MqError> {
+        {
+            let current = self.publisher.read().await;
+            if current.1.channel().status().connected() {
+                return Ok(current.1.clone());
+            }
+        }
+        let mut current = self.publisher.write().await;
+        if current.1.channel().status().connected() {
+            return Ok(current.1.clone());
+        }
+        if !current.0.status().connected() {
+            current.0 = crate::mq::connect(&self.amqp, "seckill-frontstage").await?;
+        }
+        current.1 = ConfirmedPublisher::open(&current.0).await?;
+        Ok(current.1.clone())
+    }
+
+    async fn sku(&self, activity_id: i64, sku_id: i64) -> Result<Option<Arc<Sku>>, HttpResponse> {
+        if let Some(sku) = self
+            .skus
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&(activity_id, sku_id)).cloned())
+        {
+            return Ok(Some(sku));
+        }
+        let conn = self
+            .pool
+            .get()
+            .await
+            .map_err(|_| unavailable("database busy"))?;
+        let row = conn
+            .client
+            .query_opt(LOAD_SKU, &[&activity_id, &sku_id])
+            .await
+            .map_err(|_| unavailable("database unavailable"))?;
+        let Some(row) = row else { return Ok(None) };
+        let sku = Arc::new(Sku {
+            buckets: row.get(0),
+            unit_price: row.get(1),
+            currency: row.get(2),
+            order_ttl_ms: row.get(3),
+            start_at: row.get(4),
+            end_at: row.get(5),
+        });
+        if let Ok(mut skus) = self.skus.lock() {
+            skus.insert((activity_id, sku_id), sku.clone());
+        }
+        Ok(Some(sku))
+    }
+}
+
+fn unavailable(why: &str) -> HttpResponse {
+    HttpResponse::ServiceUnavailable().json(json!({"status": "UNAVAILABLE", "error": why}))
+}
+
+fn bad_request(why: String) -> HttpResponse {
+    HttpResponse::BadRequest().json(json!({"status": "INVALID_REQUEST", "error": why}))
+}
+
+/// `reservation|order_id|order_no|bucket` → the 202 body.
+fn accepted(answer: &str) -> HttpResponse {
+    let parts: Vec<&str> = answer.split('|').collect();
+    match parts.as_slice() {
+        [reservation, order_id, order_no, bucket] => HttpResponse::Accepted().json(json!({
+            "reservation_id": reservation,
+            "order_id": order_id.parse::<i64>().unwrap_or_default(),
+            "order_no": order_no,
+            "inventory_bucket": bucket.parse::<i16>().unwrap_or_default(),
+            "status": "QUEUED",
+        })),
+        _ => unavailable("corrupt reservation record"),
+    }
+}
+
+async fn reserve(
+    front: web::Data<FrontStage>,
+    path: web::Path<(i64, i64)>,
+    body: web::Bytes,
+) -> HttpResponse {
+    let (activity_id, sku_id) = path.into_inner();
+    let req: ReserveRequest = match serde_json::from_slice(&body) {
+        Ok(r) => r,
+        Err(e) => return bad_request(e.to_string()),
+    };
+    if req.user_id <= 0 {
+        return bad_request("user_id: must be positive".into());
+    }
+    let sku = match front.sku(activity_id, sku_id).await {
+        Ok(Some(sku)) => sku,
+        Ok(None) => {
+            return HttpResponse::NotFound()
+                .json(json!({"status": "NOT_FOUND", "error": "no such activity and sku"}))
+        }
+        Err(response) => return response,
+    };
+    let now = Utc::now();
+    if now < sku.start_at || now >= sku.end_at {
+        return HttpResponse::Conflict().json(json!({"status": "NOT_ACTIVE"}));
+    }
+    let keys = SkuKeys::new(&front.key_prefix, activity_id, sku_id);
+    let reservation_id = Uuid::now_v7();
+    let order_id = front.ids.next_id();
+    let order_no = order_no(order_id);
+    let ttl_ms = front.settings.reservation_ttl_ms as i64;
+    let mut redis = front.redis.clone();
+    let reserved = scripts::reserve(
+        &mut redis,
+        &keys,
+        sku.buckets,
+        req.user_id,
+        req.request_id,
+        reservation_id,
+        (now + TimeDelta::milliseconds(ttl_ms)).timestamp_millis(),
+        front.settings.request_ttl_secs,
+        &format!("{reservation_id}|{order_id}|{order_no}"),
+    )
+    .await;
+    let answer = match reserved {
+        Ok(Reserved::Ok { answer }) => answer,
+        Ok(Reserved::Replay { answer }) => return accepted(&answer),
+        Ok(Reserved::Duplicate { .. }) => {
+            return HttpResponse::Conflict().json(json!({"status": "ALREADY_RESERVED"}))
+        }
+        Ok(Reserved::SoldOut) => {
+            return HttpResponse::Conflict().json(json!({"status": "SOLD_OUT"}))
+        }
+        Err(e) => {
+            tracing::warn!(error = %e, "Redis reservation failed");
+            return unavailable("reservation store unavailable");
+        }
+    };
+    let bucket: i16 = answer
+        .rsplit('|')
+        .next()
+        .and_then(|b| b.parse().ok())
+        .unwrap_or(0);
+    let msg = OrderCreateMessage {
+        message_id: Uuid::now_v7(),
+        request_id: req.request_id,
+        reservation_id,
+        order_id,
+        order_no,
+        activity_id,
+        sku_id,
+        user_id: req.user_id,
+        inventory_bucket: bucket,
+        unit_price: sku.unit_price,
+        currency: sku.currency.clone(),
+        reserved_at: now,
+        reservation_ttl_ms: ttl_ms,
+        order_expire_at: now + TimeDelta::milliseconds(sku.order_ttl_ms),
+    };
+    let published = publish(&front, &msg).await;
+    if let Err(e) = published {
+        // Nothing was queued: hand the unit back so it can be sold again.
+        tracing::warn!(error = %e, %reservation_id, "order message not accepted by the broker; giving the reservation back");
+        let given_back = scripts::give_back(
+            &mut redis,
+            &keys,
+            bucket,
+            reservation_id,
+            req.user_id,
+            front.marker_ttl_secs,
+        )
+        .await;
+        let forgot: Result<(), _> = ::redis::cmd("DEL")
+            .arg(keys.request(&req.request_id))
+            .query_async(&mut redis)
+            .await;
+        if given_back.is_err() || forgot.is_err() {
+            tracing::error!(%reservation_id, "could not give a failed reservation back to Redis; reconciliation will");
+        }
+        return unavailable("order queue unavailable, reservation released; try again");
+    }
+    // Lets the status query tell a queued reservation from an unknown one.
+    let _: Result<(), _> = ::redis::cmd("SET")
+        .arg(queued_key(&front.key_prefix, &reservation_id))
+        .arg(format!("{activity_id}:{sku_id}"))
+        .arg("PX")
+        .arg(ttl_ms.saturating_mul(2))
+        .query_async(&mut redis)
+        .await;
+    accepted(&answer)
+}
+
+async fn publish(front: &FrontStage, msg: &OrderCreateMessage) -> Result<(), String> {
+    let body = serde_json::to_vec(msg).map_err(|e| e.to_string())?;
+    let shard = shard_for(
+        msg.activity_id,
+        msg.sku_id,
+        msg.inventory_bucket,
+        front.shards,
+    );
+    let (exchange, routing_key) = (
+        front.names.orders_exchange(),
+        Names::order_routing_key(shard),
+    );
+    let publisher = front.publisher().await.map_err(|e| e.to_string())?;
+    let publish = publisher.publish(
+        &exchange,
+        &routing_key,
+        &body,
+        BasicProperties::default()
+            .with_message_id(msg.message_id.to_string().as_str().into())
+            .with_content_type("application/json".into()),
+    );
+    match tokio::time::timeout(Duration::from_secs(5), publish).await {
+        Ok(result) => result.map_err(|e| e.to_string()),
+        Err(_) => Err("publish confirm timed out".into()),
+    }
+}
+
+fn queued_key(prefix: &str, reservation_id: &Uuid) -> String {
+    format!("{prefix}:queued:{reservation_id}")
+}
+
+async fn reservation(front: web::Data<FrontStage>, path: web::Path<Uuid>) -> HttpResponse {
+    let reservation_id = path.into_inner();
+    let Ok(conn) = front.pool.get().await else {
+        return unavailable("database busy");
+    };
+    let row = match conn
+        .client
+        .query_opt(LOAD_RESERVATION, &[&reservation_id])
+        .await
+    {
+        Ok(row) => row,
+        Err(_) => return unavailable("database unavailable"),
+    };
+    if let Some(row) = row {
+        let status: i16 = row.get(0);
+        let failure: Option<String> = row.get(1);
+        let order_id: Option<i64> = row.get(2);
+        return HttpResponse::Ok().json(match status {
+            10 => json!({
+                "reservation_id": reservation_id, "status": "ORDERED",
+                "order_id": order_id, "order_no": row.get::<_, Option<String>>(3),
+                "expire_at": row.get::<_, Option<DateTime<Utc>>>(4),
+            }),
+            20 => json!({"reservation_id": reservation_id, "status": "REJECTED", "reason": failure}),
+            40 => json!({"reservation_id": reservation_id, "status": "RELEASED", "order_id": order_id}),
+            _ => json!({"reservation_id": reservation_id, "status": "PENDING"}),
+        });
+    }
+    let mut redis = front.redis.clone();
+    let queued: Option<String> = ::redis::cmd("GET")
+        .arg(queued_key(&front.key_prefix, &reservation_id))
+        .query_async(&mut redis)
+        .await
+        .unwrap_or(None);
+    match queued {
+        Some(_) => {
+            HttpResponse::Ok().json(json!({"reservation_id": reservation_id, "status": "QUEUED"}))
+        }
+        None => HttpResponse::NotFound().json(json!({"status": "NOT_FOUND"})),
+    }
+}
+
+async fn order(front: web::Data<FrontStage>, path: web::Path<i64>) -> HttpResponse {
+    let order_id = path.into_inner();
+    let Ok(conn) = front.pool.get().await else {
+        return unavailable("database busy");
+    };
+    match conn.client.query_opt(LOAD_ORDER, &[&order_id]).await {
+        Ok(Some(row)) => {
+            let status: i16 = row.get(1);
+            let name = crate::domain::status::OrderStatus::from_code(status)
+                .map(|s| s.name())
+                .unwrap_or("UNKNOWN");
+            HttpResponse::Ok().json(json!({
+                "order_id": order_id,
+                "order_no": row.get::<_, String>(0),
+                "status": name.to_ascii_uppercase(),
+                "activity_id": row.get::<_, i64>(2),
+                "sku_id": row.get::<_, i64>(3),
+                "user_id": row.get::<_, i64>(4),
+                "total_amount": row.get::<_, i64>(5),
+                "currency": row.get::<_, String>(6),
+                "expire_at": row.get::<_, DateTime<Utc>>(7),
+                "paid_at": row.get::<_, Option<DateTime<Utc>>>(8),
+                "cancelled_at": row.get::<_, Option<DateTime<Utc>>>(9),
+            }))
+        }
+        Ok(None) => HttpResponse::NotFound().json(json!({"status": "NOT_FOUND"})),
+        Err(_) => unavailable("database unavailable"),
+    }
+}
+
+const LOAD_SKU: &str = "
+SELECT s.inventory_bucket_count, s.unit_price, s.currency,
+       coalesce((a.rules->>'order_ttl_ms')::bigint, 900000), a.start_at, a.end_at
+FROM seckill_sku AS s
+JOIN seckill_activity AS a ON a.activity_id = s.activity_id
+WHERE s.activity_id = $1 AND s.sku_id = $2";
+
+const LOAD_RESERVATION: &str = "
+SELECT r.status, r.failure_code, r.order_id, o.order_no, o.expire_at
+FROM inventory_reservation AS r
+LEFT JOIN orders AS o ON o.order_id = r.order_id
+WHERE r.reservation_id = $1";
+
+const LOAD_ORDER: &str = "
+SELECT order_no, status, activity_id, sku_id, user_id, total_amount, currency, expire_at,
+       paid_at, cancelled_at
+FROM orders WHERE order_id = $1";

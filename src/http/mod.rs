@@ -1,0 +1,61 @@
+//! HTTP: the front stage (reservations and status queries) on `http.addr`. Admin
+//! endpoints (health, readiness, metrics) come with the operability work.
+
+pub mod front;
+
+use std::net::SocketAddr;
+
+use actix_web::{web, App, HttpServer};
+
+use crate::config::Settings;
+use crate::store::Pool;
+
+#[derive(Debug, thiserror::Error)]
+pub enum HttpError {
+    #[error("binding {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("Redis: {0}")]
+    Redis(#[from] ::redis::RedisError),
+    #[error("RabbitMQ: {0}")]
+    Mq(#[from] crate::mq::MqError),
+}
+
+/// A running HTTP server and the address it listens on (useful with port 0).
+pub struct Running {
+    pub server: actix_web::dev::Server,
+    pub addr: SocketAddr,
+}
+
+/// Starts the front stage. Its Redis and AMQP connections are opened here, on the
+/// caller's (long-lived) arbiter, and shared by the workers.
+pub async fn start(settings: &Settings, pool: Pool) -> Result<Running, HttpError> {
+    let state = web::Data::new(front::FrontStage::connect(settings, pool).await?);
+    let workers = settings.frontstage.workers.max(1);
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .app_data(web::PayloadConfig::new(16 * 1024))
+            .configure(front::routes)
+    })
+    .workers(workers)
+    .disable_signals()
+    .bind(&settings.http.addr)
+    .map_err(|source| HttpError::Bind {
+        addr: settings.http.addr.clone(),
+        source,
+    })?;
+    let addr = server
+        .addrs()
+        .first()
+        .copied()
+        .ok_or_else(|| HttpError::Bind {
+            addr: settings.http.addr.clone(),
+            source: std::io::Error::other("no address bound"),
+        })?;
+    let server = server.run();
+    tracing::info!(%addr, "front stage listening");
+    Ok(Running { server, addr })
+}

@@ -1,0 +1,432 @@
+//! The front stage: the Redis reservation script, the HTTP entry and status queries,
+//! and reconciliation of orphaned Redis reservations.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use chrono::Utc;
+use figment::providers::Serialized;
+use futures_util::future::join_all;
+use lapin::options::{ExchangeDeclareOptions, ExchangeDeleteOptions};
+use lapin::types::FieldTable;
+use lapin::ExchangeKind;
+use seckill_engine::redis::keys::SkuKeys;
+use seckill_engine::redis::scripts::{self, Reserved};
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::common::builders;
+use crate::common::engine::EngineHandle;
+use crate::common::{assert_invariants, count, wait_until, TestEnv};
+
+async fn get_int(redis: &mut ::redis::aio::MultiplexedConnection, key: &str) -> i64 {
+    ::redis::cmd("GET")
+        .arg(key)
+        .query_async::<Option<i64>>(redis)
+        .await
+        .unwrap()
+        .unwrap_or(0)
+}
+
+async fn stocks(
+    redis: &mut ::redis::aio::MultiplexedConnection,
+    keys: &SkuKeys,
+    buckets: i16,
+) -> Vec<i64> {
+    let mut out = Vec::new();
+    for b in 0..buckets {
+        out.push(get_int(redis, &keys.stock(b)).await);
+    }
+    out
+}
+
+#[tokio::test]
+async fn the_reserve_script_sells_exactly_the_stock_to_distinct_users() {
+    let env = TestEnv::new().await;
+    let mut redis = env.redis().await;
+    let keys = SkuKeys::new(&env.settings.redis.key_prefix, 51, 1);
+    seckill_engine::redis::load_stock(
+        &mut redis,
+        &keys,
+        &seckill_engine::store::activity::split_stock(100, 8),
+    )
+    .await
+    .unwrap();
+    let expiry = Utc::now().timestamp_millis() + 60_000;
+    // 1,000 concurrent calls from 800 users: 200 of them try twice.
+    let calls = (0..1_000).map(|i| {
+        let mut redis = redis.clone();
+        let keys = keys.clone();
+        let user = (i % 800) + 1;
+        async move {
+            let reservation = Uuid::now_v7();
+            let r = scripts::reserve(
+                &mut redis,
+                &keys,
+                8,
+                user,
+                Uuid::now_v7(),
+                reservation,
+                expiry,
+                60,
+                &format!("{reservation}|1|S1"),
+            )
+            .await
+            .unwrap();
+            (user, r)
+        }
+    });
+    let results = join_all(calls).await;
+    let mut winners: HashMap<i64, u32> = HashMap::new();
+    let (mut sold_out, mut duplicate) = (0, 0);
+    for (user, r) in &results {
+        match r {
+            Reserved::Ok { .. } => *winners.entry(*user).or_default() += 1,
+            Reserved::SoldOut => sold_out += 1,
+            Reserved::Duplicate { .. } => duplicate += 1,
+            Reserved::Replay { .. } => panic!("no request id was reused"),
+        }
+    }
+    assert_eq!(
+        winners.values().sum::<u32>(),
+        100,
+        "exactly the stock is reserved"
+    );
+    assert!(winners.values().all(|n| *n == 1), "no user twice");
+    assert_eq!(sold_out + duplicate + 100, 1_000);
+    let left = stocks(&mut redis, &keys, 8).await;
+    assert_eq!(
+        left,
+        vec![0; 8],
+        "every bucket sold down to zero, none negative"
+    );
+    let holders: i64 = ::redis::cmd("HLEN")
+        .arg(keys.users())
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(holders, 100);
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn an_empty_bucket_never_reads_as_sold_out_while_another_has_stock() {
+    let env = TestEnv::new().await;
+    let mut redis = env.redis().await;
+    let keys = SkuKeys::new(&env.settings.redis.key_prefix, 52, 1);
+    // Stock only in the last bucket; every user prefers some other one.
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[0, 0, 0, 3])
+        .await
+        .unwrap();
+    let users: Vec<i64> = (1..1000)
+        .filter(|u| scripts::user_bucket(*u, 4) != 3)
+        .take(4)
+        .collect();
+    let expiry = Utc::now().timestamp_millis() + 60_000;
+    let mut answers = Vec::new();
+    for user in &users {
+        let reservation = Uuid::now_v7();
+        answers.push(
+            scripts::reserve(
+                &mut redis,
+                &keys,
+                4,
+                *user,
+                Uuid::now_v7(),
+                reservation,
+                expiry,
+                60,
+                &format!("{reservation}|1|S1"),
+            )
+            .await
+            .unwrap(),
+        );
+    }
+    for answer in &answers[..3] {
+        let Reserved::Ok { answer } = answer else {
+            panic!("{answer:?}")
+        };
+        assert!(answer.ends_with("|3"), "taken from bucket 3: {answer}");
+    }
+    assert_eq!(answers[3], Reserved::SoldOut);
+    env.cleanup().await;
+}
+
+/// An HTTP client for the front stage under test.
+struct Front {
+    client: awc::Client,
+    base: String,
+}
+
+impl Front {
+    fn new(addr: std::net::SocketAddr) -> Self {
+        Self {
+            client: awc::Client::default(),
+            base: format!("http://{addr}"),
+        }
+    }
+
+    async fn post(&self, path: &str, body: &str) -> (u16, Value) {
+        let mut res = self
+            .client
+            .post(format!("{}{path}", self.base))
+            .insert_header(("content-type", "application/json"))
+            .send_body(body.to_owned())
+            .await
+            .unwrap();
+        let bytes = res.body().await.unwrap();
+        (
+            res.status().as_u16(),
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    async fn get(&self, path: &str) -> (u16, Value) {
+        let mut res = self
+            .client
+            .get(format!("{}{path}", self.base))
+            .send()
+            .await
+            .unwrap();
+        let bytes = res.body().await.unwrap();
+        (
+            res.status().as_u16(),
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
+    }
+
+    async fn reserve(&self, activity: i64, user: i64, request: Uuid) -> (u16, Value) {
+        self.post(
+            &format!("/v1/activities/{activity}/skus/1/reservations"),
+            &json!({"user_id": user, "request_id": request}).to_string(),
+        )
+        .await
+    }
+}
+
+#[actix_rt::test]
+async fn the_http_front_stage_queues_orders_and_reports_every_state() {
+    let env = TestEnv::new().await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 53, 1, 2, 1).await;
+    let keys = SkuKeys::new(&env.settings.redis.key_prefix, 53, 1);
+    let mut redis = env.redis().await;
+    // Redis believes in one unit more than PostgreSQL has: the third buyer gets a
+    // reservation that PostgreSQL rejects.
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[3])
+        .await
+        .unwrap();
+    let engine = EngineHandle::start(&env.settings).await;
+    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
+    let running = seckill_engine::http::start(&env.settings, pool)
+        .await
+        .unwrap();
+    let handle = running.server.handle();
+    actix_rt::spawn(running.server);
+    let front = Front::new(running.addr);
+
+    let request = Uuid::now_v7();
+    let (status, first) = front.reserve(53, 1, request).await;
+    assert_eq!(status, 202, "{first}");
+    assert_eq!(first["status"], "QUEUED");
+    let (status, again) = front.reserve(53, 1, request).await;
+    assert_eq!((status, &again), (202, &first), "same request, same answer");
+    let (status, dup) = front.reserve(53, 1, Uuid::now_v7()).await;
+    assert_eq!(
+        (status, dup["status"].as_str()),
+        (409, Some("ALREADY_RESERVED"))
+    );
+    let (status, _) = front.reserve(53, 2, Uuid::now_v7()).await;
+    assert_eq!(status, 202);
+    let (status, third) = front.reserve(53, 3, Uuid::now_v7()).await;
+    assert_eq!(status, 202);
+    let (status, sold) = front.reserve(53, 4, Uuid::now_v7()).await;
+    assert_eq!((status, sold["status"].as_str()), (409, Some("SOLD_OUT")));
+    let (status, bad) = front
+        .post("/v1/activities/53/skus/1/reservations", r#"{"user_id": 5}"#)
+        .await;
+    assert_eq!(status, 400);
+    assert!(
+        bad["error"].as_str().unwrap().contains("request_id"),
+        "{bad}"
+    );
+    let (status, _) = front.reserve(999, 1, Uuid::now_v7()).await;
+    assert_eq!(status, 404);
+
+    let reservation = first["reservation_id"].as_str().unwrap().to_owned();
+    assert!(
+        wait_until(Duration::from_secs(60), || async {
+            front
+                .get(&format!("/v1/reservations/{reservation}"))
+                .await
+                .1["status"]
+                == "ORDERED"
+        })
+        .await
+    );
+    let (_, ordered) = front.get(&format!("/v1/reservations/{reservation}")).await;
+    assert_eq!(ordered["order_id"], first["order_id"]);
+    assert_eq!(ordered["order_no"], first["order_no"]);
+    let (status, order) = front
+        .get(&format!("/v1/orders/{}", first["order_id"]))
+        .await;
+    assert_eq!((status, order["status"].as_str()), (200, Some("CREATED")));
+    assert_ne!(
+        order["order_no"].as_str().unwrap(),
+        first["order_id"].to_string(),
+        "order_no is not the raw id"
+    );
+
+    let rejected = third["reservation_id"].as_str().unwrap().to_owned();
+    assert!(
+        wait_until(Duration::from_secs(60), || async {
+            front.get(&format!("/v1/reservations/{rejected}")).await.1["status"] == "REJECTED"
+        })
+        .await
+    );
+    let (_, r) = front.get(&format!("/v1/reservations/{rejected}")).await;
+    assert_eq!(r["reason"], "POSTGRES_SOLD_OUT");
+    let (status, _) = front
+        .get(&format!("/v1/reservations/{}", Uuid::now_v7()))
+        .await;
+    assert_eq!(status, 404);
+
+    handle.stop(true).await;
+    engine.stop().await;
+    assert_invariants(&db).await;
+    env.cleanup().await;
+}
+
+#[actix_rt::test]
+async fn a_failed_publish_gives_the_reservation_back_and_answers_503() {
+    let env = TestEnv::new().await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 54, 1, 5, 1).await;
+    let keys = SkuKeys::new(&env.settings.redis.key_prefix, 54, 1);
+    let mut redis = env.redis().await;
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[5])
+        .await
+        .unwrap();
+    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
+    // No engine: nobody declared the orders exchange, so the broker refuses the publish.
+    let amqp = env.amqp().await;
+    let channel = amqp.create_channel().await.unwrap();
+    let _ = channel
+        .exchange_delete(
+            env.names.orders_exchange().as_str().into(),
+            ExchangeDeleteOptions::default(),
+        )
+        .await;
+    let running = seckill_engine::http::start(&env.settings, pool)
+        .await
+        .unwrap();
+    let handle = running.server.handle();
+    actix_rt::spawn(running.server);
+    let front = Front::new(running.addr);
+
+    let (status, body) = front.reserve(54, 7, Uuid::now_v7()).await;
+    assert_eq!(status, 503, "{body}");
+    assert_eq!(body["status"], "UNAVAILABLE");
+    assert_eq!(
+        stocks(&mut redis, &keys, 1).await,
+        vec![5],
+        "the unit is back"
+    );
+    let holders: i64 = ::redis::cmd("HLEN")
+        .arg(keys.users())
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(holders, 0, "the user may try again");
+
+    // Once the exchange exists again, the same user succeeds (the channel reopens).
+    let channel = amqp.create_channel().await.unwrap();
+    channel
+        .exchange_declare(
+            env.names.orders_exchange().as_str().into(),
+            ExchangeKind::Direct,
+            ExchangeDeclareOptions {
+                durable: true,
+                ..Default::default()
+            },
+            FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let engine = EngineHandle::start(&env.settings).await;
+    let (status, body) = front.reserve(54, 7, Uuid::now_v7()).await;
+    assert_eq!(status, 202, "{body}");
+    handle.stop(true).await;
+    engine.stop().await;
+    env.cleanup().await;
+}
+
+#[actix_rt::test]
+async fn reconciliation_gives_an_orphaned_reservation_back_exactly_once() {
+    let env =
+        TestEnv::with(|f| f.merge(Serialized::default("frontstage.reconcile_interval_ms", 100)))
+            .await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 55, 1, 10, 2).await;
+    let keys = SkuKeys::new(&env.settings.redis.key_prefix, 55, 1);
+    let mut redis = env.redis().await;
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[5, 5])
+        .await
+        .unwrap();
+    // A reservation whose message never reached the queue, already past its TTL.
+    let orphan = Uuid::now_v7();
+    let expired = Utc::now().timestamp_millis() - 1_000;
+    let r = scripts::reserve(
+        &mut redis,
+        &keys,
+        2,
+        77,
+        Uuid::now_v7(),
+        orphan,
+        expired,
+        60,
+        &format!("{orphan}|1|S1"),
+    )
+    .await
+    .unwrap();
+    assert!(matches!(r, Reserved::Ok { .. }));
+    assert_eq!(stocks(&mut redis, &keys, 2).await.iter().sum::<i64>(), 9);
+
+    let engine = EngineHandle::start(&env.settings).await;
+    let pending = keys.pending();
+    assert!(
+        wait_until(Duration::from_secs(30), || {
+            let mut redis = redis.clone();
+            let pending = pending.clone();
+            async move {
+                let n: i64 = ::redis::cmd("ZCARD")
+                    .arg(&pending)
+                    .query_async(&mut redis)
+                    .await
+                    .unwrap();
+                n == 0
+            }
+        })
+        .await
+    );
+    engine.stop().await;
+    assert_eq!(
+        stocks(&mut redis, &keys, 2).await.iter().sum::<i64>(),
+        10,
+        "given back"
+    );
+    // Exactly once: another give-back for it changes nothing.
+    let again = scripts::give_back(&mut redis, &keys, 0, orphan, 77, 600)
+        .await
+        .unwrap();
+    let again_other = scripts::give_back(&mut redis, &keys, 1, orphan, 77, 600)
+        .await
+        .unwrap();
+    assert!(!again && !again_other);
+    assert_eq!(stocks(&mut redis, &keys, 2).await.iter().sum::<i64>(), 10);
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM inventory_reservation").await,
+        0
+    );
+    env.cleanup().await;
+}
