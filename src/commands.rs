@@ -37,6 +37,9 @@ pub enum Command {
     /// Manage flash-sale activities.
     #[command(subcommand)]
     Activity(ActivityCommand),
+    /// Run a flash sale against the running engine and report; non-zero exit if any
+    /// invariant is violated.
+    Bench(crate::bench::BenchArgs),
     /// Run the invariant checks (seed §13.3); exits non-zero if any is violated.
     Check {
         /// Only this activity.
@@ -95,6 +98,15 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // actix needs its own System; everything else runs on a plain runtime.
             actix_rt::System::new().block_on(serve(settings))
         }
+        Command::Bench(args) => {
+            // The HTTP client (awc) runs on actix's runtime too.
+            let report = actix_rt::System::new().block_on(crate::bench::run(&settings, args))?;
+            Ok(if report.passed {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
         command => {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -108,7 +120,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         activity_create(&settings, args).await
                     }
                     Command::Check { activity } => check(&settings, activity).await,
-                    Command::Serve => unreachable!("handled above"),
+                    Command::Serve | Command::Bench(_) => unreachable!("handled above"),
                 }
             })
         }

@@ -327,3 +327,61 @@ async fn serve_starts_and_exits_cleanly_on_sigterm() {
     assert!(text.contains("engine stopped"), "{text}");
     env.cleanup().await;
 }
+
+#[actix_rt::test]
+async fn bench_sells_out_through_both_paths_with_clean_invariants() {
+    let env = crate::common::TestEnv::new().await;
+    let running_engine = crate::common::engine::EngineHandle::start(&env.settings).await;
+    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
+    let running = seckill_engine::http::start(&env.settings, pool)
+        .await
+        .unwrap();
+    let handle = running.server.handle();
+    actix_rt::spawn(running.server);
+    let dir = std::env::temp_dir().join(format!("seckill-bench-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+
+    for (mode, activity) in [("http", "61"), ("amqp", "62")] {
+        let json = dir.join(format!("{mode}.json"));
+        let mut cmd = engine();
+        env_of(&mut cmd, &env).args([
+            "bench",
+            "--mode",
+            mode,
+            "--activity",
+            activity,
+            "--stock",
+            "60",
+            "--buckets",
+            "4",
+            "--buyers",
+            "400",
+            "--duplicate-ratio",
+            "0.2",
+            "--concurrency",
+            "16",
+            "--url",
+        ]);
+        cmd.arg(format!("http://{}", running.addr))
+            .arg("--json")
+            .arg(&json);
+        let out = tokio::task::spawn_blocking(move || run(&mut cmd))
+            .await
+            .unwrap();
+        assert!(out.ok, "{mode}: {}", out.text);
+        assert!(out.text.contains("result: PASS"), "{}", out.text);
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        assert_eq!(report["sold"], 60, "{mode}: {report}");
+        assert_eq!(report["oversold"], 0);
+        assert!(report["checks"]
+            .as_object()
+            .unwrap()
+            .values()
+            .all(|v| v == 0));
+    }
+    handle.stop(true).await;
+    running_engine.stop().await;
+    std::fs::remove_dir_all(dir).unwrap();
+    env.cleanup().await;
+}

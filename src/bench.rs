@@ -1,0 +1,437 @@
+//! `seckill-engine bench`: the flash-sale run. Creates an activity, drives the buyers
+//! (through the HTTP front stage, or straight onto the queue as pre-reserved
+//! messages to measure the engine alone), waits until every reservation is settled in
+//! PostgreSQL, runs the invariant checks and reports what happened. It talks to a
+//! running engine (`serve`) through the configured services.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context as _};
+use chrono::{TimeDelta, Utc};
+use clap::{Args, ValueEnum};
+use futures_util::stream::{self, StreamExt};
+use indicatif::{ProgressBar, ProgressStyle};
+use lapin::BasicProperties;
+use rand::seq::SliceRandom;
+use rand::Rng;
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::config::Settings;
+use crate::domain::ids::{order_no, IdGenerator};
+use crate::domain::message::OrderCreateMessage;
+use crate::domain::shard::shard_for;
+use crate::mq::publisher::ConfirmedPublisher;
+use crate::mq::topology::Names;
+use crate::redis::keys::SkuKeys;
+use crate::store::activity::{create_activity, ActivitySpec};
+use crate::store::invariants::run_checks;
+use crate::store::{self, migrate};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Mode {
+    /// Buyers call the HTTP front stage (Redis reservation, then the queue).
+    Http,
+    /// Pre-reserved messages are published straight to the queue.
+    Amqp,
+}
+
+#[derive(Debug, Args)]
+pub struct BenchArgs {
+    /// Units for sale.
+    #[arg(long, default_value_t = 10_000)]
+    pub stock: i32,
+    /// Inventory buckets the stock is split into.
+    #[arg(long, default_value_t = 64)]
+    pub buckets: i16,
+    /// Distinct buyers.
+    #[arg(long, default_value_t = 100_000)]
+    pub buyers: u32,
+    /// Extra requests from buyers clicking again (a new request id each), as a share
+    /// of the buyers; in amqp mode, redelivered copies of messages.
+    #[arg(long, default_value_t = 0.1)]
+    pub duplicate_ratio: f64,
+    /// Requests (or unconfirmed publishes) in flight at once.
+    #[arg(long, default_value_t = 64)]
+    pub concurrency: usize,
+    #[arg(long, value_enum, default_value_t = Mode::Http)]
+    pub mode: Mode,
+    /// Activity id to create (default: derived from the clock).
+    #[arg(long)]
+    pub activity: Option<i64>,
+    /// Front stage base URL (default: http://{http.addr}).
+    #[arg(long)]
+    pub url: Option<String>,
+    /// Give up waiting for settlement after this many seconds.
+    #[arg(long, default_value_t = 600)]
+    pub settle_timeout: u64,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    pub json: Option<PathBuf>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Report {
+    pub mode: Mode,
+    pub activity_id: i64,
+    pub stock: i32,
+    pub buckets: i16,
+    pub buyers: u32,
+    pub requests: u64,
+    pub sold: i64,
+    pub oversold: i64,
+    pub drive_seconds: f64,
+    pub time_to_sell_out_seconds: Option<f64>,
+    pub settle_seconds: f64,
+    pub orders_per_second: f64,
+    pub latency_ms: Latency,
+    pub responses: BTreeMap<String, u64>,
+    pub outcomes: BTreeMap<String, i64>,
+    pub checks: BTreeMap<String, i64>,
+    pub passed: bool,
+}
+
+#[derive(Debug, Serialize)]
+pub struct Latency {
+    /// From the reservation (HTTP) or the publish (amqp) to the order row written in
+    /// the committing transaction.
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report> {
+    if args.stock < 0 || args.buyers == 0 || args.concurrency == 0 {
+        bail!("--stock must be >= 0, --buyers and --concurrency > 0");
+    }
+    let activity_id = args
+        .activity
+        .unwrap_or_else(|| Utc::now().timestamp_millis());
+    let config = store::pg_config(&settings.database)?;
+    let mut db = store::connect(&config)
+        .await
+        .context("connecting to PostgreSQL")?;
+    migrate::verify(&mut db).await?;
+    let now = Utc::now();
+    let spec = ActivitySpec {
+        activity_id,
+        sku_id: 1,
+        title: "bench".into(),
+        stock: args.stock,
+        buckets: args.buckets,
+        unit_price: 9_900,
+        currency: "CNY".into(),
+        starts_at: now - TimeDelta::seconds(1),
+        ends_at: now + TimeDelta::hours(2),
+        order_ttl_ms: 3_600_000,
+    };
+    let split = create_activity(&mut db, &spec).await?;
+    let keys = SkuKeys::new(&settings.redis.key_prefix, activity_id, 1);
+    let mut redis = crate::redis::connect(&settings.redis).await?;
+    crate::redis::load_stock(&mut redis, &keys, &split).await?;
+    println!(
+        "bench: activity {activity_id}, stock {} over {} buckets, {} buyers, {:.0}% duplicates, mode {:?}, concurrency {}",
+        args.stock, args.buckets, args.buyers, args.duplicate_ratio * 100.0, args.mode, args.concurrency
+    );
+
+    let started = Instant::now();
+    let start_time = Utc::now();
+    let (responses, expected) = match args.mode {
+        Mode::Http => drive_http(settings, &args, activity_id).await?,
+        Mode::Amqp => drive_amqp(settings, &args, activity_id).await?,
+    };
+    let drive_seconds = started.elapsed().as_secs_f64();
+    let requests = responses.values().sum();
+
+    // Wait until every reservation that reached the queue has its outcome.
+    let spinner = ProgressBar::new(expected);
+    spinner.set_style(bar_style("settling"));
+    let deadline = Instant::now() + Duration::from_secs(args.settle_timeout);
+    loop {
+        let row = db
+            .query_one(SETTLED, &[&activity_id])
+            .await
+            .context("counting settled reservations")?;
+        let (settled, pending): (i64, i64) = (row.get(0), row.get(1));
+        spinner.set_position(settled.max(0) as u64);
+        if settled as u64 >= expected && pending == 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            spinner.abandon();
+            bail!(
+                "only {settled} of {expected} reservations settled within {}s",
+                args.settle_timeout
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    spinner.finish_and_clear();
+    let settle_seconds = started.elapsed().as_secs_f64();
+
+    let stats = db.query_one(STATS, &[&activity_id, &start_time]).await?;
+    let sold: i64 = stats.get(0);
+    let last_order: Option<f64> = stats.get(1);
+    let lat: Vec<Option<f64>> = vec![stats.get(2), stats.get(3), stats.get(4), stats.get(5)];
+    let outcomes: BTreeMap<String, i64> = db
+        .query(OUTCOMES, &[&activity_id])
+        .await?
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    let checks_run = run_checks(&db, Some(activity_id)).await?;
+    let oversold = (sold - i64::from(args.stock)).max(0);
+    let passed = oversold == 0 && checks_run.iter().all(|c| c.ok());
+    let window = last_order.unwrap_or(drive_seconds).max(1e-3);
+    let report = Report {
+        mode: args.mode,
+        activity_id,
+        stock: args.stock,
+        buckets: args.buckets,
+        buyers: args.buyers,
+        requests,
+        sold,
+        oversold,
+        drive_seconds,
+        time_to_sell_out_seconds: (sold == i64::from(args.stock)).then_some(window),
+        settle_seconds,
+        orders_per_second: sold as f64 / window,
+        latency_ms: Latency {
+            p50: lat[0].unwrap_or(0.0),
+            p95: lat[1].unwrap_or(0.0),
+            p99: lat[2].unwrap_or(0.0),
+            max: lat[3].unwrap_or(0.0),
+        },
+        responses,
+        outcomes,
+        checks: checks_run
+            .iter()
+            .map(|c| (c.name.to_owned(), c.violations))
+            .collect(),
+        passed,
+    };
+    print_report(&report);
+    if let Some(path) = &args.json {
+        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
+    }
+    Ok(report)
+}
+
+fn bar_style(what: &str) -> ProgressStyle {
+    ProgressStyle::with_template(&format!(
+        "{what:>9} [{{elapsed_precise}}] {{bar:40}} {{pos}}/{{len}} {{per_sec}}"
+    ))
+    .unwrap_or_else(|_| ProgressStyle::default_bar())
+}
+
+/// Buyers, shuffled, with `duplicate_ratio` extra clicks from random buyers.
+fn buyer_sequence(args: &BenchArgs) -> Vec<i64> {
+    let mut rng = rand::rng();
+    let buyers = i64::from(args.buyers);
+    let extra = (f64::from(args.buyers) * args.duplicate_ratio.max(0.0)) as usize;
+    let mut users: Vec<i64> = (1..=buyers).collect();
+    users.extend((0..extra).map(|_| rng.random_range(1..=buyers)));
+    users.shuffle(&mut rng);
+    users
+}
+
+/// Returns the response counts and how many reservations reached the queue.
+async fn drive_http(
+    settings: &Settings,
+    args: &BenchArgs,
+    activity_id: i64,
+) -> anyhow::Result<(BTreeMap<String, u64>, u64)> {
+    let base = args
+        .url
+        .clone()
+        .unwrap_or_else(|| format!("http://{}", settings.http.addr));
+    let url = format!("{base}/v1/activities/{activity_id}/skus/1/reservations");
+    let users = buyer_sequence(args);
+    let bar = ProgressBar::new(users.len() as u64);
+    bar.set_style(bar_style("buyers"));
+    let client = awc::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .connector(awc::Connector::new().limit(args.concurrency))
+        .finish();
+    let statuses: Vec<String> = stream::iter(users)
+        .map(|user| {
+            let (client, url, bar) = (&client, &url, &bar);
+            async move {
+                let body = serde_json::json!({"user_id": user, "request_id": Uuid::now_v7()});
+                let label = match client.post(url.as_str()).send_json(&body).await {
+                    Ok(mut res) => {
+                        let status = res.status().as_u16();
+                        let json: serde_json::Value =
+                            res.json().await.unwrap_or(serde_json::Value::Null);
+                        format!("{status} {}", json["status"].as_str().unwrap_or(""))
+                    }
+                    Err(e) => format!("error {e}"),
+                };
+                bar.inc(1);
+                label
+            }
+        })
+        .buffer_unordered(args.concurrency)
+        .collect()
+        .await;
+    bar.finish_and_clear();
+    let mut counts = BTreeMap::new();
+    for s in statuses {
+        *counts.entry(s).or_insert(0) += 1;
+    }
+    let queued = counts.get("202 QUEUED").copied().unwrap_or(0);
+    Ok((counts, queued))
+}
+
+async fn drive_amqp(
+    settings: &Settings,
+    args: &BenchArgs,
+    activity_id: i64,
+) -> anyhow::Result<(BTreeMap<String, u64>, u64)> {
+    let ids = IdGenerator::new(crate::domain::ids::MAX_NODE_ID - 1);
+    let now = Utc::now();
+    let msgs: Vec<OrderCreateMessage> = (1..=i64::from(args.buyers))
+        .map(|user| {
+            let order_id = ids.next_id();
+            OrderCreateMessage {
+                message_id: Uuid::now_v7(),
+                request_id: Uuid::now_v7(),
+                reservation_id: Uuid::now_v7(),
+                order_id,
+                order_no: order_no(order_id),
+                activity_id,
+                sku_id: 1,
+                user_id: user,
+                inventory_bucket: crate::redis::scripts::user_bucket(user, args.buckets),
+                unit_price: 9_900,
+                currency: "CNY".into(),
+                reserved_at: now,
+                reservation_ttl_ms: 600_000,
+                order_expire_at: now + TimeDelta::hours(1),
+            }
+        })
+        .collect();
+    // Redelivered copies: the same message (same message_id) again.
+    let extra = (msgs.len() as f64 * args.duplicate_ratio.max(0.0)) as usize;
+    let mut order: Vec<usize> = (0..msgs.len()).collect();
+    let mut rng = rand::rng();
+    order.extend((0..extra).map(|_| rng.random_range(0..msgs.len())));
+    order.shuffle(&mut rng);
+
+    let conn = crate::mq::connect(&settings.amqp, "seckill-bench").await?;
+    let publisher = ConfirmedPublisher::open(&conn).await?;
+    let names = Names::new(&settings.amqp.namespace);
+    let exchange = names.orders_exchange();
+    let bar = ProgressBar::new(order.len() as u64);
+    bar.set_style(bar_style("publish"));
+    let failures = Arc::new(AtomicU64::new(0));
+    stream::iter(order)
+        .for_each_concurrent(args.concurrency, |i| {
+            let (publisher, exchange, bar, failures, msgs) =
+                (&publisher, &exchange, &bar, &failures, &msgs);
+            async move {
+                let m = &msgs[i];
+                // Latency is measured from the publish: stamp it now.
+                let mut m = m.clone();
+                m.reserved_at = Utc::now();
+                let shard = shard_for(
+                    m.activity_id,
+                    m.sku_id,
+                    m.inventory_bucket,
+                    settings.amqp.shards,
+                );
+                let body = serde_json::to_vec(&m).unwrap_or_default();
+                let props = BasicProperties::default()
+                    .with_message_id(m.message_id.to_string().as_str().into());
+                if publisher
+                    .publish(exchange, &Names::order_routing_key(shard), &body, props)
+                    .await
+                    .is_err()
+                {
+                    failures.fetch_add(1, Ordering::Relaxed);
+                }
+                bar.inc(1);
+            }
+        })
+        .await;
+    bar.finish_and_clear();
+    let _ = conn.close(200, "bench done".into()).await;
+    let failed = failures.load(Ordering::Relaxed);
+    let mut counts = BTreeMap::new();
+    counts.insert("published".to_owned(), (msgs.len() + extra) as u64 - failed);
+    if failed > 0 {
+        counts.insert("publish_failed".to_owned(), failed);
+    }
+    Ok((counts, msgs.len() as u64))
+}
+
+fn print_report(r: &Report) {
+    println!();
+    println!(
+        "flash sale report (activity {}, mode {:?})",
+        r.activity_id, r.mode
+    );
+    println!(
+        "  stock {:>10}   sold {:>10}   oversold {}",
+        r.stock, r.sold, r.oversold
+    );
+    println!("  buyers {:>9}   requests {:>6}", r.buyers, r.requests);
+    match r.time_to_sell_out_seconds {
+        Some(t) => println!("  time to sell out   {t:.2} s"),
+        None => println!("  not sold out"),
+    }
+    println!("  orders/s           {:.0}", r.orders_per_second);
+    println!(
+        "  latency ms         p50 {:.1}  p95 {:.1}  p99 {:.1}  max {:.1}",
+        r.latency_ms.p50, r.latency_ms.p95, r.latency_ms.p99, r.latency_ms.max
+    );
+    println!(
+        "  drive {:.2} s, all settled after {:.2} s",
+        r.drive_seconds, r.settle_seconds
+    );
+    println!("  responses:");
+    for (k, v) in &r.responses {
+        println!("    {k:<28} {v}");
+    }
+    println!("  outcomes in PostgreSQL:");
+    for (k, v) in &r.outcomes {
+        println!("    {k:<28} {v}");
+    }
+    println!("  invariants:");
+    for (k, v) in &r.checks {
+        println!("    {} {k:<28} {v}", if *v == 0 { "ok  " } else { "FAIL" });
+    }
+    println!("  result: {}", if r.passed { "PASS" } else { "FAIL" });
+}
+
+/// Reservations with an outcome, and reservations still pending in PostgreSQL.
+const SETTLED: &str = "
+SELECT count(*) FILTER (WHERE status <> 0), count(*) FILTER (WHERE status = 0)
+FROM inventory_reservation WHERE activity_id = $1";
+
+/// Units sold, seconds from the start to the last order, and latency percentiles
+/// (milliseconds) from reservation to the order row.
+const STATS: &str = "
+SELECT count(o.order_id),
+       extract(epoch FROM max(o.created_at) - $2::timestamptz)::float8,
+       percentile_cont(0.50) WITHIN GROUP (ORDER BY extract(epoch FROM o.created_at - r.redis_reserved_at) * 1000)::float8,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM o.created_at - r.redis_reserved_at) * 1000)::float8,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM o.created_at - r.redis_reserved_at) * 1000)::float8,
+       (max(extract(epoch FROM o.created_at - r.redis_reserved_at)) * 1000)::float8
+FROM orders AS o
+JOIN inventory_reservation AS r ON r.reservation_id = o.reservation_id
+WHERE o.activity_id = $1";
+
+const OUTCOMES: &str = "
+SELECT c.result_code, count(*)
+FROM consumer_inbox AS c
+JOIN inventory_reservation AS r ON r.reservation_id = c.reservation_id
+WHERE r.activity_id = $1
+GROUP BY c.result_code";
