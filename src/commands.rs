@@ -45,6 +45,10 @@ pub enum Command {
         /// Only this activity.
         #[arg(long)]
         activity: Option<i64>,
+        /// Also compare, per bucket, Redis stock plus the Redis reservations PostgreSQL
+        /// has not seen yet with PostgreSQL's available stock, and report drift.
+        #[arg(long)]
+        redis: bool,
     },
 }
 
@@ -119,7 +123,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Command::Activity(ActivityCommand::Create(args)) => {
                         activity_create(&settings, args).await
                     }
-                    Command::Check { activity } => check(&settings, activity).await,
+                    Command::Check { activity, redis } => check(&settings, activity, redis).await,
                     Command::Serve | Command::Bench(_) => unreachable!("handled above"),
                 }
             })
@@ -267,7 +271,11 @@ async fn activity_create(settings: &Settings, args: CreateActivity) -> anyhow::R
     Ok(ExitCode::SUCCESS)
 }
 
-async fn check(settings: &Settings, activity: Option<i64>) -> anyhow::Result<ExitCode> {
+async fn check(
+    settings: &Settings,
+    activity: Option<i64>,
+    with_redis: bool,
+) -> anyhow::Result<ExitCode> {
     let config = store::pg_config(&settings.database)?;
     let client = store::connect(&config)
         .await
@@ -284,9 +292,120 @@ async fn check(settings: &Settings, activity: Option<i64>) -> anyhow::Result<Exi
             r.name, r.violations, r.description
         );
     }
+    if with_redis {
+        let drift = redis_drift(settings, &client, activity).await?;
+        let drifting: Vec<_> = drift.iter().filter(|d| d.drift != 0).collect();
+        let status = if drifting.is_empty() { "ok  " } else { "FAIL" };
+        failed |= !drifting.is_empty();
+        println!(
+            "{status} {:<30} {:>8}  bucket whose PostgreSQL available stock differs from Redis stock + Redis reservations not yet in PostgreSQL",
+            "redis_drift",
+            drifting.len()
+        );
+        for d in drifting {
+            println!(
+                "       activity {} sku {} bucket {}: postgres available {}, redis stock {}, unsettled reservations {}, drift {}",
+                d.activity_id, d.sku_id, d.bucket, d.pg_available, d.redis_stock, d.unsettled, d.drift
+            );
+        }
+    }
     Ok(if failed {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// One bucket's Redis/PostgreSQL comparison.
+struct BucketDrift {
+    activity_id: i64,
+    sku_id: i64,
+    bucket: i16,
+    pg_available: i64,
+    redis_stock: i64,
+    unsettled: i64,
+    drift: i64,
+}
+
+/// PostgreSQL's available stock should equal Redis stock plus the units Redis handed
+/// to reservations PostgreSQL has not processed yet (their messages are in flight).
+async fn redis_drift(
+    settings: &Settings,
+    client: &tokio_postgres::Client,
+    activity: Option<i64>,
+) -> anyhow::Result<Vec<BucketDrift>> {
+    let mut redis = crate::redis::connect(&settings.redis)
+        .await
+        .context("connecting to Redis")?;
+    let buckets = client
+        .query(
+            "SELECT activity_id, sku_id, bucket_no, available_stock::bigint FROM sku_inventory
+             WHERE $1::bigint IS NULL OR activity_id = $1 ORDER BY 1, 2, 3",
+            &[&activity],
+        )
+        .await?;
+    let mut out = Vec::new();
+    let mut unsettled: std::collections::HashMap<(i64, i64, i16), i64> = Default::default();
+    let mut seen_skus = std::collections::HashSet::new();
+    for row in &buckets {
+        let (activity_id, sku_id): (i64, i64) = (row.get(0), row.get(1));
+        if !seen_skus.insert((activity_id, sku_id)) {
+            continue;
+        }
+        let keys = SkuKeys::new(&settings.redis.key_prefix, activity_id, sku_id);
+        let members: Vec<String> = ::redis::cmd("ZRANGE")
+            .arg(keys.pending())
+            .arg(0)
+            .arg(-1)
+            .query_async(&mut redis)
+            .await?;
+        let parsed: Vec<(uuid::Uuid, i16)> = members
+            .iter()
+            .filter_map(|m| {
+                let mut parts = m.split(':');
+                let id = parts.next()?.parse().ok()?;
+                let bucket = parts.nth(1)?.parse().ok()?;
+                Some((id, bucket))
+            })
+            .collect();
+        let ids: Vec<uuid::Uuid> = parsed.iter().map(|p| p.0).collect();
+        let known: std::collections::HashSet<uuid::Uuid> = client
+            .query(
+                "SELECT reservation_id FROM inventory_reservation WHERE reservation_id = ANY($1)",
+                &[&ids],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        for (id, bucket) in parsed {
+            if !known.contains(&id) {
+                *unsettled.entry((activity_id, sku_id, bucket)).or_default() += 1;
+            }
+        }
+    }
+    for row in buckets {
+        let (activity_id, sku_id, bucket, pg_available): (i64, i64, i16, i64) =
+            (row.get(0), row.get(1), row.get(2), row.get(3));
+        let keys = SkuKeys::new(&settings.redis.key_prefix, activity_id, sku_id);
+        let redis_stock: Option<i64> = ::redis::cmd("GET")
+            .arg(keys.stock(bucket))
+            .query_async(&mut redis)
+            .await?;
+        let redis_stock = redis_stock.unwrap_or(0);
+        let unsettled = unsettled
+            .get(&(activity_id, sku_id, bucket))
+            .copied()
+            .unwrap_or(0);
+        out.push(BucketDrift {
+            activity_id,
+            sku_id,
+            bucket,
+            pg_available,
+            redis_stock,
+            unsettled,
+            drift: pg_available - redis_stock - unsettled,
+        });
+    }
+    Ok(out)
 }

@@ -385,3 +385,73 @@ async fn bench_sells_out_through_both_paths_with_clean_invariants() {
     std::fs::remove_dir_all(dir).unwrap();
     env.cleanup().await;
 }
+
+#[tokio::test]
+async fn check_redis_reports_drift_between_redis_and_postgres() {
+    use seckill_engine::redis::keys::SkuKeys;
+    use seckill_engine::redis::scripts;
+    let env = crate::common::TestEnv::new().await;
+    let create = run(env_of(&mut engine(), &env).args([
+        "activity",
+        "create",
+        "--activity",
+        "71",
+        "--sku",
+        "1",
+        "--stock",
+        "8",
+        "--buckets",
+        "2",
+        "--price",
+        "100",
+    ]));
+    assert!(create.ok, "{}", create.text);
+    let out = run(env_of(&mut engine(), &env).args(["check", "--redis"]));
+    assert!(out.ok, "{}", out.text);
+    assert!(
+        out.text
+            .lines()
+            .any(|l| l.starts_with("ok") && l.contains("redis_drift")),
+        "{}",
+        out.text
+    );
+
+    // A reservation whose message is still on its way: Redis has one unit less, and
+    // that is no drift.
+    let keys = SkuKeys::new(&env.settings.redis.key_prefix, 71, 1);
+    let mut redis = env.redis().await;
+    let id = uuid::Uuid::now_v7();
+    let expiry = chrono::Utc::now().timestamp_millis() + 60_000;
+    scripts::reserve(
+        &mut redis,
+        &keys,
+        2,
+        5,
+        uuid::Uuid::now_v7(),
+        id,
+        expiry,
+        60,
+        &format!("{id}|1|S1"),
+    )
+    .await
+    .unwrap();
+    let out = run(env_of(&mut engine(), &env).args(["check", "--redis", "--activity", "71"]));
+    assert!(out.ok, "{}", out.text);
+
+    // A unit that vanished from Redis is drift.
+    let _: i64 = ::redis::cmd("DECR")
+        .arg(keys.stock(1))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let out = run(env_of(&mut engine(), &env).args(["check", "--redis", "--activity", "71"]));
+    assert!(!out.ok, "{}", out.text);
+    assert!(
+        out.text
+            .contains("bucket 1: postgres available 4, redis stock"),
+        "{}",
+        out.text
+    );
+    assert!(out.text.contains("drift 1"), "{}", out.text);
+    env.cleanup().await;
+}

@@ -353,9 +353,22 @@ async fn a_failed_publish_gives_the_reservation_back_and_answers_503() {
         )
         .await
         .unwrap();
-    let engine = EngineHandle::start(&env.settings).await;
+    // The engine declares the queues and goes away: the message waits in the queue.
+    EngineHandle::start(&env.settings).await.stop().await;
     let (status, body) = front.reserve(54, 7, Uuid::now_v7()).await;
     assert_eq!(status, 202, "{body}");
+    let path = format!(
+        "/v1/reservations/{}",
+        body["reservation_id"].as_str().unwrap()
+    );
+    assert_eq!(front.get(&path).await.1["status"], "QUEUED");
+    let engine = EngineHandle::start(&env.settings).await;
+    assert!(
+        wait_until(Duration::from_secs(60), || async {
+            front.get(&path).await.1["status"] == "ORDERED"
+        })
+        .await
+    );
     handle.stop(true).await;
     engine.stop().await;
     env.cleanup().await;
