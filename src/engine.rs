@@ -1,6 +1,6 @@
 //! Builds the running engine from the settings: pool, schema check, AMQP topology, the
-//! actors (one intake per owned shard plus the payment intake), and the supervisor of
-//! the background services. Must be started inside an actix `System`; the pool and the
+//! actors, and the supervisor of the long-lived children: one intake per owned shard,
+//! the payment intake, and the background services. Must be started inside an actix `System`; the pool and the
 //! AMQP connection are created on the calling (System) arbiter, which lives as long as
 //! the engine.
 
@@ -9,15 +9,13 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use actix::prelude::*;
-use lapin::options::{BasicConsumeOptions, BasicQosOptions};
-use lapin::types::FieldTable;
 use uuid::Uuid;
 
 use crate::actors::bucket::{BucketActor, BucketKey, BucketShared};
 use crate::actors::compensation_worker::{CompensationConfig, CompensationWorker};
 use crate::actors::db_permits::DbPermits;
 use crate::actors::intake::{
-    Intake, IntakeRoutes, IntakeStats, IntakeWork, OrderWork, PaymentWork,
+    Intake, IntakeConfig, IntakeRoutes, IntakeStats, IntakeWork, OrderWork, PaymentWork,
 };
 use crate::actors::maintenance::{Maintenance, Service};
 use crate::actors::outbox_publisher::{OutboxConfig, OutboxPublisher};
@@ -28,8 +26,7 @@ use crate::actors::supervisor::{ChildFactory, Shutdown, Supervisor};
 use crate::actors::sweeper::{Sweeper, SweeperConfig};
 use crate::config::Settings;
 use crate::domain::ids::IdGenerator;
-use crate::mq::publisher::ConfirmedPublisher;
-use crate::mq::topology::{declare_order_topology, declare_payment_topology, Names};
+use crate::mq::topology::{declare_topology, Names};
 use crate::mq::{self, MqError};
 use crate::store::migrate::{self, MigrateError};
 use crate::store::{build_pool, Pool, StoreError};
@@ -42,6 +39,8 @@ pub enum EngineError {
     Schema(#[from] MigrateError),
     #[error("RabbitMQ: {0}")]
     Mq(#[from] MqError),
+    #[error("only {consuming} of {expected} intakes started consuming within 15 s")]
+    NotConsuming { consuming: usize, expected: usize },
 }
 
 impl From<lapin::Error> for EngineError {
@@ -52,7 +51,6 @@ impl From<lapin::Error> for EngineError {
 
 pub struct Engine {
     pool: Pool,
-    amqp: lapin::Connection,
     permits: Addr<DbPermits>,
     stats: Arc<IntakeStats>,
     reservations: Addr<Registry<Uuid, ReservationActor>>,
@@ -67,18 +65,13 @@ impl Engine {
             migrate::verify(&mut conn.client).await?;
         }
 
-        let names = Names::new(&settings.amqp.namespace);
-        let amqp = mq::connect(&settings.amqp, "seckill-engine").await?;
+        // Fail fast on a broker that is unreachable or refuses our topology; the
+        // intakes declare it again whenever they (re)connect.
+        let amqp = mq::connect(&settings.amqp, "seckill-engine-setup").await?;
         let setup = amqp.create_channel().await?;
-        declare_order_topology(
-            &setup,
-            &names,
-            settings.amqp.shards,
-            settings.amqp.retry_delay_ms,
-        )
-        .await?;
-        declare_payment_topology(&setup, &names, settings.amqp.retry_delay_ms).await?;
-        setup.close(200, "topology declared".into()).await?;
+        declare_topology(&setup, &settings.amqp).await?;
+        let _ = amqp.close(200, "topology declared".into()).await;
+        let names = Names::new(&settings.amqp.namespace);
 
         let permits = DbPermits::new(settings.db_permits()).start();
         let shared = Arc::new(BucketShared {
@@ -99,8 +92,8 @@ impl Engine {
         .start();
 
         let stats = Arc::new(IntakeStats::default());
+        let mut supervisor = background_services(settings, &pool);
         let intake = IntakeStarter {
-            amqp: &amqp,
             settings,
             permits: &permits,
             stats: &stats,
@@ -111,14 +104,15 @@ impl Engine {
                 reservations: reservations.clone(),
                 topic: queue.clone(),
             };
-            intake
-                .start(
+            supervisor = supervisor.child(
+                format!("intake:{queue}"),
+                intake.child(
                     queue,
                     names.order_retry_queue(shard),
                     names.order_dead_queue(),
                     work,
-                )
-                .await?;
+                ),
+            );
         }
         let payment_queue: Arc<str> = names.payment_queue().into();
         let work = PaymentWork {
@@ -126,16 +120,29 @@ impl Engine {
             consumer_group: settings.payment.consumer_group.as_str().into(),
             topic: payment_queue.clone(),
         };
-        intake
-            .start(
+        supervisor = supervisor.child(
+            format!("intake:{payment_queue}"),
+            intake.child(
                 payment_queue,
                 names.payment_retry_queue(),
                 names.payment_dead_queue(),
                 work,
-            )
-            .await?;
-
-        let supervisor = background_services(settings, &pool).start();
+            ),
+        );
+        let intakes = settings.owned_shards().len() + 1;
+        let supervisor = supervisor.start();
+        // Ready means consuming: wait for every intake's first connection.
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        while stats.consuming() < intakes {
+            if std::time::Instant::now() > deadline {
+                supervisor.do_send(Shutdown);
+                return Err(EngineError::NotConsuming {
+                    consuming: stats.consuming(),
+                    expected: intakes,
+                });
+            }
+            actix_rt::time::sleep(Duration::from_millis(10)).await;
+        }
         tracing::info!(
             shards = ?settings.owned_shards(),
             permits = settings.db_permits(),
@@ -145,7 +152,6 @@ impl Engine {
         );
         Ok(Engine {
             pool,
-            amqp,
             permits,
             stats,
             reservations,
@@ -174,60 +180,55 @@ impl Engine {
         &self.supervisor
     }
 
-    /// Stops the background services after their current run and closes the AMQP
-    /// connection: the broker requeues every unacked delivery, and a transaction that
-    /// commits after this point is answered by the inbox on redelivery.
+    /// Stops the intakes (consumers cancelled, connections closed: the broker
+    /// requeues every unacked delivery, and a transaction that commits after this point
+    /// is answered by the inbox on redelivery) and the background services after their
+    /// current run.
     pub async fn stop(self) {
         let _ = self.supervisor.send(Shutdown).await;
-        if let Err(e) = self.amqp.close(200, "engine stopping".into()).await {
-            tracing::debug!(error = %e, "AMQP close");
-        }
         tracing::info!("engine stopped");
     }
 }
 
-/// What every intake needs, to start one per consumed queue.
+/// What every intake needs, to make one supervised child per consumed queue.
 struct IntakeStarter<'a> {
-    amqp: &'a lapin::Connection,
     settings: &'a Settings,
     permits: &'a Addr<DbPermits>,
     stats: &'a Arc<IntakeStats>,
 }
 
 impl IntakeStarter<'_> {
-    async fn start<W: IntakeWork>(
+    fn child<W: IntakeWork>(
         &self,
         queue: Arc<str>,
         retry_queue: String,
         dead_queue: String,
         work: W,
-    ) -> Result<Addr<Intake<W>>, EngineError> {
-        let channel = self.amqp.create_channel().await?;
-        channel
-            .basic_qos(self.settings.prefetch(), BasicQosOptions::default())
-            .await?;
-        let consumer = channel
-            .basic_consume(
-                queue.as_ref().into(),
-                format!("seckill-engine-{}", Uuid::now_v7()).as_str().into(),
-                BasicConsumeOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
-        let routes = IntakeRoutes {
-            queue,
-            retry_queue,
-            dead_queue,
-            max_retries: self.settings.amqp.max_retries,
-            retry_delay: Duration::from_millis(self.settings.amqp.retry_delay_ms),
+    ) -> ChildFactory {
+        let config = IntakeConfig {
+            name: format!("intake:{queue}"),
+            amqp: self.settings.amqp.clone(),
+            prefetch: self.settings.prefetch(),
+            routes: IntakeRoutes {
+                queue,
+                retry_queue,
+                dead_queue,
+                max_retries: self.settings.amqp.max_retries,
+                retry_delay: Duration::from_millis(self.settings.amqp.retry_delay_ms),
+            },
         };
-        let publisher = ConfirmedPublisher::open(self.amqp).await?;
-        let permits = self.permits.clone();
-        let stats = self.stats.clone();
-        Ok(Intake::create(move |ctx| {
-            ctx.add_stream(consumer);
-            Intake::new(stats, routes, publisher, permits, work)
-        }))
+        let (stats, permits) = (self.stats.clone(), self.permits.clone());
+        Box::new(move |supervisor| {
+            Intake::new(
+                config.clone(),
+                stats.clone(),
+                permits.clone(),
+                work.clone(),
+                Some(supervisor),
+            )
+            .start()
+            .recipient()
+        })
     }
 }
 

@@ -11,18 +11,25 @@ use std::sync::Arc;
 use actix::prelude::*;
 use futures_util::future::LocalBoxFuture;
 use lapin::message::Delivery;
-use lapin::options::{BasicAckOptions, BasicNackOptions, BasicRejectOptions};
-use lapin::types::{AMQPValue, LongString};
-use lapin::BasicProperties;
+use lapin::options::{
+    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
+    BasicRejectOptions,
+};
+use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::{BasicProperties, Channel};
 use uuid::Uuid;
 
 use super::db_permits::{Acquire, DbPermits, Permit};
+use super::maintenance::{ChildFailed, StopChild};
 use super::registry::{Registry, Route};
 use super::reservation::{ProcessOrder, ReservationActor};
+use crate::config::AmqpSettings;
 use crate::domain::message::{OrderCreateMessage, PoisonReason};
 use crate::domain::outcome::{disposition, Disposition, ErrorClass};
 use crate::domain::payment::PaymentCallback;
 use crate::mq::publisher::ConfirmedPublisher;
+use crate::mq::topology::declare_topology;
+use crate::mq::{self, MqError};
 use crate::store::payments::apply_callback;
 
 /// The queue-specific part of an intake.
@@ -102,9 +109,14 @@ pub struct IntakeRoutes {
 pub struct IntakeStats {
     in_flight: AtomicUsize,
     peak: AtomicUsize,
+    /// Intakes currently connected and consuming.
+    consuming: AtomicUsize,
 }
 
 impl IntakeStats {
+    pub fn consuming(&self) -> usize {
+        self.consuming.load(Ordering::Relaxed)
+    }
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
     }
@@ -177,34 +189,149 @@ impl IntakeWork for PaymentWork {
     }
 }
 
+/// Where and how an intake consumes.
+#[derive(Clone)]
+pub struct IntakeConfig {
+    /// The name the supervisor knows it by.
+    pub name: String,
+    pub amqp: AmqpSettings,
+    pub prefetch: u16,
+    pub routes: IntakeRoutes,
+}
+
 pub struct Intake<W: IntakeWork> {
+    config: IntakeConfig,
     stats: Arc<IntakeStats>,
-    routes: IntakeRoutes,
-    publisher: ConfirmedPublisher,
     permits: Addr<DbPermits>,
     work: W,
+    supervisor: Option<Recipient<ChildFailed>>,
+    /// Set once connected: the connection, the consumer channel and its tag, and the
+    /// confirm channel for retry and dead-letter copies.
+    link: Option<Link>,
+    stopping: bool,
+}
+
+struct Link {
+    connection: Arc<lapin::Connection>,
+    channel: Channel,
+    consumer_tag: String,
+    publisher: ConfirmedPublisher,
 }
 
 impl<W: IntakeWork> Intake<W> {
     pub fn new(
+        config: IntakeConfig,
         stats: Arc<IntakeStats>,
-        routes: IntakeRoutes,
-        publisher: ConfirmedPublisher,
         permits: Addr<DbPermits>,
         work: W,
+        supervisor: Option<Recipient<ChildFailed>>,
     ) -> Self {
         Self {
+            config,
             stats,
-            routes,
-            publisher,
             permits,
             work,
+            supervisor,
+            link: None,
+            stopping: false,
         }
     }
+
+    /// Stops and asks the supervisor for a fresh intake (a new connection).
+    fn fail(&mut self, ctx: &mut Context<Self>) {
+        if !self.stopping {
+            if let Some(supervisor) = &self.supervisor {
+                // Not a bounded hand-off: a failure report must not be dropped.
+                supervisor.do_send(ChildFailed {
+                    name: self.config.name.clone(),
+                    kind: "intake",
+                });
+            }
+        }
+        ctx.stop();
+    }
+}
+
+/// Connects, declares the topology (idempotent, so a restarted intake also repairs a
+/// deleted queue) and starts consuming.
+async fn connect(config: IntakeConfig) -> Result<(Link, lapin::Consumer), MqError> {
+    let connection = mq::connect(&config.amqp, &format!("seckill-{}", config.name)).await?;
+    let channel = connection.create_channel().await?;
+    declare_topology(&channel, &config.amqp).await?;
+    channel
+        .basic_qos(config.prefetch, BasicQosOptions::default())
+        .await?;
+    let consumer_tag = format!("seckill-engine-{}", Uuid::now_v7());
+    let consumer = channel
+        .basic_consume(
+            config.routes.queue.as_ref().into(),
+            consumer_tag.as_str().into(),
+            BasicConsumeOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    let publisher = ConfirmedPublisher::open(&connection).await?;
+    Ok((
+        Link {
+            connection: Arc::new(connection),
+            channel,
+            consumer_tag,
+            publisher,
+        },
+        consumer,
+    ))
 }
 
 impl<W: IntakeWork> Actor for Intake<W> {
     type Context = Context<Self>;
+
+    fn started(&mut self, ctx: &mut Self::Context) {
+        ctx.wait(
+            connect(self.config.clone())
+                .into_actor(self)
+                .map(|result, intake, ctx| match result {
+                    Ok((link, consumer)) => {
+                        intake.link = Some(link);
+                        intake.stats.consuming.fetch_add(1, Ordering::Relaxed);
+                        ctx.add_stream(consumer);
+                        tracing::debug!(queue = %intake.config.routes.queue, "consuming");
+                    }
+                    Err(e) => {
+                        tracing::warn!(queue = %intake.config.routes.queue, error = %e, "intake could not start consuming");
+                        intake.fail(ctx);
+                    }
+                }),
+        );
+    }
+}
+
+impl<W: IntakeWork> Drop for Intake<W> {
+    fn drop(&mut self) {
+        if self.link.is_some() {
+            self.stats.consuming.fetch_sub(1, Ordering::Relaxed);
+        }
+    }
+}
+
+impl<W: IntakeWork> Handler<StopChild> for Intake<W> {
+    type Result = ();
+
+    /// Cancels the consumer: no new deliveries; those in flight settle on their own
+    /// tasks (or are redelivered if the connection goes first).
+    fn handle(&mut self, _: StopChild, ctx: &mut Self::Context) {
+        self.stopping = true;
+        if let Some(link) = &self.link {
+            let (channel, tag) = (link.channel.clone(), link.consumer_tag.clone());
+            let connection = link.connection.clone();
+            actix::spawn(async move {
+                let _ = channel
+                    .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+                    .await;
+                let _ = connection.close(200, "intake stopping".into()).await;
+            });
+        }
+        ctx.stop();
+    }
 }
 
 impl<W: IntakeWork> StreamHandler<Result<Delivery, lapin::Error>> for Intake<W> {
@@ -214,17 +341,22 @@ impl<W: IntakeWork> StreamHandler<Result<Delivery, lapin::Error>> for Intake<W> 
             Err(e) => {
                 // lapin ends the stream right after an error; the broker redelivers
                 // everything that was not acked.
-                tracing::warn!(queue = %self.routes.queue, error = %e, "consumer failed");
+                tracing::warn!(queue = %self.config.routes.queue, error = %e, "consumer failed");
                 return;
             }
         };
+        let Some(link) = &self.link else {
+            // Unreachable: the stream is added only once connected. Dropping the
+            // delivery leaves it unacked, so the broker redelivers it.
+            return;
+        };
+        let publisher = link.publisher.clone();
         metrics::counter!("seckill_intake_messages_total", "kind" => W::KIND).increment(1);
         let in_flight = self.stats.enter();
         let msg = match self.work.decode(&delivery.data) {
             Ok(msg) => msg,
             Err(reason) => {
-                let routes = self.routes.clone();
-                let publisher = self.publisher.clone();
+                let routes = self.config.routes.clone();
                 actix::spawn(async move {
                     dead_letter(&publisher, &routes, delivery, &reason, in_flight).await;
                 });
@@ -247,8 +379,8 @@ impl<W: IntakeWork> StreamHandler<Result<Delivery, lapin::Error>> for Intake<W> 
                         Err(_) => None,
                     };
                     actix::spawn(settle(
-                        intake.routes.clone(),
-                        intake.publisher.clone(),
+                        intake.config.routes.clone(),
+                        publisher,
                         delivery,
                         work,
                         in_flight,
@@ -258,8 +390,13 @@ impl<W: IntakeWork> StreamHandler<Result<Delivery, lapin::Error>> for Intake<W> 
     }
 
     fn finished(&mut self, ctx: &mut Self::Context) {
-        tracing::warn!(queue = %self.routes.queue, "consumer stream ended");
-        ctx.stop();
+        if self.stopping {
+            ctx.stop();
+            return;
+        }
+        // The broker cancelled the consumer or the connection broke: start over.
+        tracing::warn!(queue = %self.config.routes.queue, "consumer stream ended; restarting the intake");
+        self.fail(ctx);
     }
 }
 

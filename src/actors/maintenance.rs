@@ -80,11 +80,14 @@ impl fmt::Display for Outcome {
     }
 }
 
-/// A runner stopped because its service panicked.
+/// A supervised child stopped and wants to be started again.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct ChildFailed {
-    pub name: &'static str,
+    /// The name it was registered under.
+    pub name: String,
+    /// A small fixed label for metrics ("outbox_publisher", "intake", ...).
+    pub kind: &'static str,
 }
 
 /// Ask a runner to stop after its current run.
@@ -186,7 +189,10 @@ impl<S: Service> Handler<Tick> for Maintenance<S> {
             Err(join) => {
                 tracing::error!(service = S::NAME, error = %join, "background service panicked; the supervisor restarts it");
                 if let Some(supervisor) = &runner.supervisor {
-                    supervisor.do_send(ChildFailed { name: S::NAME });
+                    supervisor.do_send(ChildFailed {
+                        name: S::NAME.to_owned(),
+                        kind: S::NAME,
+                    });
                 }
                 ctx.stop();
             }

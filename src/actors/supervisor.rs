@@ -1,6 +1,7 @@
-//! The supervisor owns the background services: it starts each one, restarts one that
-//! failed (its service panicked) after an exponential, capped backoff, counts restarts,
-//! and stops them all on shutdown. A restart loses nothing: every unit of work is a
+//! The supervisor owns the engine's long-lived children (the intakes and the
+//! background services): it starts each one, restarts one that failed (a service
+//! panicked, an intake lost its broker connection) after an exponential, capped
+//! backoff, counts restarts, and stops them all on shutdown. A restart loses nothing: every unit of work is a
 //! PostgreSQL row or an unacked AMQP message.
 
 use std::collections::HashMap;
@@ -20,14 +21,14 @@ struct Child {
 }
 
 pub struct Supervisor {
-    children: HashMap<&'static str, Child>,
+    children: HashMap<String, Child>,
     base: Duration,
     max: Duration,
 }
 
 /// Restarts per child so far.
 #[derive(Message)]
-#[rtype(result = "HashMap<&'static str, u32>")]
+#[rtype(result = "HashMap<String, u32>")]
 pub struct Restarts;
 
 /// Stop every child after its current unit of work.
@@ -45,9 +46,9 @@ impl Supervisor {
     }
 
     /// Registers a child under `name` (started with the supervisor).
-    pub fn child(mut self, name: &'static str, start: ChildFactory) -> Self {
+    pub fn child(mut self, name: impl Into<String>, start: ChildFactory) -> Self {
         self.children.insert(
-            name,
+            name.into(),
             Child {
                 start,
                 running: None,
@@ -79,24 +80,24 @@ impl Handler<ChildFailed> for Supervisor {
     type Result = ();
 
     fn handle(&mut self, failed: ChildFailed, ctx: &mut Self::Context) {
-        let Some(child) = self.children.get_mut(failed.name) else {
+        let Some(child) = self.children.get_mut(&failed.name) else {
             return;
         };
         child.running = None;
         child.restarts += 1;
         let restarts = child.restarts;
-        metrics::counter!("seckill_actor_restarts_total", "actor" => failed.name).increment(1);
+        metrics::counter!("seckill_actor_restarts_total", "actor" => failed.kind).increment(1);
         let delay = self.backoff(restarts);
         tracing::warn!(
-            actor = failed.name,
+            actor = %failed.name,
             restarts,
             delay_ms = delay.as_millis() as u64,
-            "restarting background service"
+            "restarting a failed child"
         );
         let name = failed.name;
         ctx.run_later(delay, move |supervisor, ctx| {
             let me = ctx.address().recipient();
-            if let Some(child) = supervisor.children.get_mut(name) {
+            if let Some(child) = supervisor.children.get_mut(&name) {
                 child.running = Some((child.start)(me));
             }
         });
@@ -110,7 +111,7 @@ impl Handler<Restarts> for Supervisor {
         MessageResult(
             self.children
                 .iter()
-                .map(|(name, child)| (*name, child.restarts))
+                .map(|(name, child)| (name.clone(), child.restarts))
                 .collect(),
         )
     }

@@ -234,3 +234,13 @@ pub async fn declare_payment_topology(
         .await?;
     Ok(())
 }
+
+/// Everything the engine consumes from or publishes to. Idempotent.
+pub async fn declare_topology(
+    channel: &Channel,
+    settings: &crate::config::AmqpSettings,
+) -> Result<(), MqError> {
+    let names = Names::new(&settings.namespace);
+    declare_order_topology(channel, &names, settings.shards, settings.retry_delay_ms).await?;
+    declare_payment_topology(channel, &names, settings.retry_delay_ms).await
+}

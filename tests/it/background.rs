@@ -578,3 +578,275 @@ async fn a_publisher_that_panics_is_restarted_and_no_row_is_lost() {
     );
     env.cleanup().await;
 }
+
+/// A TCP proxy in front of a real service that can be switched off (every connection
+/// cut, new ones refused) and on again: the service "goes down" for the engine only.
+struct Switch {
+    addr: std::net::SocketAddr,
+    up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    generation: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Switch {
+    async fn start(target: std::net::SocketAddr) -> Switch {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let generation = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (up2, gen2) = (up.clone(), generation.clone());
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !up2.load(Ordering::SeqCst) {
+                    continue; // dropped: the client sees the connection closed
+                }
+                let (up, gen) = (up2.clone(), gen2.clone());
+                let born = gen.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let copy = tokio::io::copy_bidirectional(&mut inbound, &mut outbound);
+                    let cut = async {
+                        while up.load(Ordering::SeqCst) && gen.load(Ordering::SeqCst) == born {
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                    };
+                    tokio::select! { _ = copy => {}, _ = cut => {} }
+                });
+            }
+        });
+        Switch {
+            addr,
+            up,
+            generation,
+        }
+    }
+
+    fn set(&self, up: bool) {
+        use std::sync::atomic::Ordering;
+        self.up.store(up, Ordering::SeqCst);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+fn target_of(url: &str, default_port: u16) -> std::net::SocketAddr {
+    let rest = url.split("://").nth(1).unwrap();
+    let hostport = rest.rsplit('@').next().unwrap().split('/').next().unwrap();
+    let (host, port) = hostport.rsplit_once(':').unwrap_or((hostport, ""));
+    let port = port.parse().unwrap_or(default_port);
+    format!(
+        "{}:{port}",
+        if host == "localhost" {
+            "127.0.0.1"
+        } else {
+            host
+        }
+    )
+    .parse()
+    .unwrap()
+}
+
+#[actix_rt::test]
+async fn events_wait_while_the_broker_is_down_and_all_go_out_when_it_returns() {
+    use secrecy::ExposeSecret;
+    let env = TestEnv::new().await;
+    let mut db = env.db().await;
+    orders_with_unpublished_events(&env, &mut db, 47, 30).await;
+    let amqp = env.amqp().await;
+    let channel = amqp.create_channel().await.unwrap();
+    let queue = bind_events(&env, &channel, "down", "order.created").await;
+
+    // The publisher reaches the broker only through the switch.
+    let url = env.settings.amqp.url.expose_secret().to_owned();
+    let switch = Switch::start(target_of(&url, 5672)).await;
+    switch.set(false);
+    let mut amqp_settings = env.settings.amqp.clone();
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (creds, after) = rest
+        .rsplit_once('@')
+        .map(|(c, a)| (format!("{c}@"), a))
+        .unwrap_or((String::new(), rest));
+    let vhost = after.split_once('/').map(|(_, v)| v).unwrap_or("");
+    amqp_settings.url = format!("{scheme}://{creds}{}/{vhost}", switch.addr).into();
+    let config = OutboxConfig {
+        interval: Duration::from_millis(50),
+        backoff_base: Duration::from_millis(100),
+        backoff_max: Duration::from_millis(1_000),
+        ..OutboxConfig::from(&env.settings.outbox)
+    };
+    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
+    let publisher = OutboxPublisher::new(pool, amqp_settings, config);
+    let runner = actix::Actor::start(seckill_engine::actors::maintenance::Maintenance::new(
+        publisher, None,
+    ));
+
+    wait_for(
+        &db,
+        "SELECT count(*) FROM event_outbox WHERE status = 30 AND retry_count >= 3",
+        30,
+    )
+    .await;
+    let growing: bool = db
+        .query_one(
+            "SELECT bool_and(available_at - updated_at >= interval '0.4 second') FROM event_outbox",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert!(growing, "the retry delay grows with the attempts");
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM event_outbox WHERE status IN (20, 40)"
+        )
+        .await,
+        0
+    );
+
+    switch.set(true);
+    wait_for(
+        &db,
+        "SELECT count(*) FROM event_outbox WHERE status = 20",
+        30,
+    )
+    .await;
+    let _ = runner
+        .send(seckill_engine::actors::maintenance::StopChild)
+        .await;
+    assert_eq!(drain_events(&channel, &queue).await.len(), 30);
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM event_outbox WHERE status = 40").await,
+        0
+    );
+    env.cleanup().await;
+}
+
+#[actix_rt::test]
+async fn redis_give_backs_wait_while_redis_is_down_and_run_once_when_it_returns() {
+    use seckill_engine::actors::compensation_worker::{CompensationConfig, CompensationWorker};
+    use secrecy::ExposeSecret;
+    let env = TestEnv::new().await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 48, 1, 10, 1).await;
+    let keys = SkuKeys::new(&env.settings.redis.key_prefix, 48, 1);
+    let mut redis = env.redis().await;
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[10])
+        .await
+        .unwrap();
+    // 15 buyers for 10 units: 5 sold-out rejections, each with a give-back task.
+    let mut quiet = env.settings.clone();
+    quiet.compensation.interval_ms = 3_600_000;
+    let engine = EngineHandle::start(&quiet).await;
+    let amqp = env.amqp().await;
+    let msgs: Vec<_> = (0..15).map(|u| order(48, 1, u + 1, 0)).collect();
+    builders::publish(&env, &amqp, &msgs).await;
+    wait_for(
+        &db,
+        "SELECT count(*) FROM compensation_task WHERE task_type = 10",
+        5,
+    )
+    .await;
+    engine.stop().await;
+
+    let switch = Switch::start(target_of(env.settings.redis.url.expose_secret(), 6379)).await;
+    switch.set(false);
+    let mut redis_settings = env.settings.redis.clone();
+    redis_settings.url = format!("redis://{}", switch.addr).into();
+    let config = CompensationConfig {
+        interval: Duration::from_millis(50),
+        backoff_base: Duration::from_millis(100),
+        backoff_max: Duration::from_millis(1_000),
+        ..CompensationConfig::from(&env.settings.compensation)
+    };
+    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
+    let worker = CompensationWorker::new(pool, redis_settings, env.settings.amqp.clone(), config);
+    let runner = actix::Actor::start(seckill_engine::actors::maintenance::Maintenance::new(
+        worker, None,
+    ));
+    wait_for(
+        &db,
+        "SELECT count(*) FROM compensation_task WHERE status = 30 AND retry_count >= 3",
+        5,
+    )
+    .await;
+    // Backoff, not a storm: a handful of attempts per task in this window.
+    assert!(
+        count(
+            &db,
+            "SELECT max(retry_count)::bigint FROM compensation_task"
+        )
+        .await
+            <= 8
+    );
+    assert_eq!(
+        get_stock(&mut redis, &keys).await,
+        10,
+        "nothing given back yet"
+    );
+
+    switch.set(true);
+    wait_for(
+        &db,
+        "SELECT count(*) FROM compensation_task WHERE status = 20",
+        5,
+    )
+    .await;
+    let _ = runner
+        .send(seckill_engine::actors::maintenance::StopChild)
+        .await;
+    assert_eq!(
+        get_stock(&mut redis, &keys).await,
+        15,
+        "each rejected unit given back once"
+    );
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM compensation_task WHERE status = 40"
+        )
+        .await,
+        0
+    );
+    env.cleanup().await;
+}
+
+async fn get_stock(redis: &mut ::redis::aio::MultiplexedConnection, keys: &SkuKeys) -> i64 {
+    ::redis::cmd("GET")
+        .arg(keys.stock(0))
+        .query_async(redis)
+        .await
+        .unwrap()
+}
+
+#[actix_rt::test]
+async fn sent_events_are_deleted_after_the_retention_period() {
+    let env = TestEnv::with(|f| {
+        f.merge(Serialized::default("outbox.interval_ms", 10))
+            .merge(Serialized::default("outbox.retention_secs", 60))
+    })
+    .await;
+    let mut db = env.db().await;
+    orders_with_unpublished_events(&env, &mut db, 49, 10).await;
+    // Five events were sent long ago, five just now.
+    db.batch_execute(
+        "UPDATE event_outbox SET status = 20, sent_at = now() - interval '2 hours'
+         WHERE event_id IN (SELECT event_id FROM event_outbox ORDER BY event_id LIMIT 5);
+         UPDATE event_outbox SET status = 20, sent_at = now() WHERE status = 0;",
+    )
+    .await
+    .unwrap();
+    let engine = EngineHandle::start(&env.settings).await;
+    wait_for(&db, "SELECT count(*) FROM event_outbox", 5).await;
+    engine.stop().await;
+    assert_eq!(
+        count(
+            &db,
+            "SELECT count(*) FROM event_outbox WHERE sent_at > now() - interval '1 minute'"
+        )
+        .await,
+        5
+    );
+    env.cleanup().await;
+}

@@ -512,3 +512,48 @@ async fn a_slow_database_stops_the_intake_not_the_broker() {
     assert_all_acked(&env).await;
     env.cleanup().await;
 }
+
+#[actix_rt::test]
+async fn an_intake_whose_consumer_the_broker_cancelled_comes_back() {
+    let env =
+        TestEnv::with(|f| f.merge(Serialized::default("supervisor.restart_base_ms", 50))).await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 9, 1, 100, 1).await;
+    let engine = EngineHandle::start(&env.settings).await;
+    let amqp = env.amqp().await;
+    let queue = env.names.order_queue(0);
+    // Deleting the queue cancels the engine's consumer (basic.cancel from the broker).
+    let channel = amqp.create_channel().await.unwrap();
+    channel
+        .queue_delete(
+            queue.as_str().into(),
+            lapin::options::QueueDeleteOptions::default(),
+        )
+        .await
+        .unwrap();
+    // The supervisor restarts the intake, which declares its queue again.
+    let back = wait_until(settle(), || async {
+        let Ok(probe) = amqp.create_channel().await else {
+            return false;
+        };
+        let declared = probe
+            .queue_declare(
+                queue.as_str().into(),
+                lapin::options::QueueDeclareOptions {
+                    passive: true,
+                    ..Default::default()
+                },
+                lapin::types::FieldTable::default(),
+            )
+            .await;
+        declared.is_ok_and(|q| q.consumer_count() == 1)
+    })
+    .await;
+    assert!(back, "the queue and its consumer did not come back");
+    let msgs: Vec<_> = (1..=50).map(|user| order(9, 1, user, 0)).collect();
+    builders::publish(&env, &amqp, &msgs).await;
+    wait_inbox(&db, 50).await;
+    engine.stop().await;
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 50);
+    env.cleanup().await;
+}
