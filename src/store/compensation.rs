@@ -7,7 +7,7 @@ use std::time::Duration;
 use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 
-use super::{StatementCache, StoreError};
+use super::{millis, StatementCache, StoreError};
 use crate::domain::ids::new_uuid;
 use crate::domain::status::{CompensationStatus, CompensationType};
 
@@ -56,10 +56,6 @@ pub struct ClaimedTask {
     pub payload: serde_json::Value,
     pub retry_count: i32,
     pub max_retry: i32,
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 pub async fn claim(

@@ -174,6 +174,11 @@ pub fn build_pool(settings: &DatabaseSettings) -> Result<Pool, StoreError> {
         .build_unchecked(manager))
 }
 
+/// A duration as whole milliseconds, for `$n::bigint * interval '1 millisecond'`.
+pub(crate) fn millis(d: Duration) -> i64 {
+    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
+}
+
 /// Connects one client outside the pool (migrations, CLI commands).
 pub async fn connect(config: &tokio_postgres::Config) -> Result<Client, tokio_postgres::Error> {
     let (client, connection) = config.connect(NoTls).await?;

@@ -8,7 +8,7 @@ use std::time::Duration;
 use tokio_postgres::{Client, Transaction};
 use uuid::Uuid;
 
-use super::{StatementCache, StoreError};
+use super::{millis, StatementCache, StoreError};
 use crate::domain::ids::new_uuid;
 
 /// The topic every outbox row is recorded under; the tag selects the routing key.
@@ -65,10 +65,6 @@ pub struct ClaimedEvent {
     pub headers: serde_json::Value,
     pub retry_count: i32,
     pub max_retry: i32,
-}
-
-fn millis(d: Duration) -> i64 {
-    i64::try_from(d.as_millis()).unwrap_or(i64::MAX)
 }
 
 /// SENDING rows whose lease ran out go back to RETRY (§9.8).
