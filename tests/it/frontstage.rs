@@ -291,6 +291,28 @@ async fn the_http_front_stage_queues_orders_and_reports_every_state() {
         .await;
     assert_eq!(status, 404);
 
+    // Left unpaid past its expiry, the order is cancelled and its unit released.
+    db.execute(
+        "UPDATE orders SET expire_at = now() - interval '1 second' WHERE order_id = $1",
+        &[&first["order_id"].as_i64().unwrap()],
+    )
+    .await
+    .unwrap();
+    assert!(
+        wait_until(Duration::from_secs(60), || async {
+            front
+                .get(&format!("/v1/reservations/{reservation}"))
+                .await
+                .1["status"]
+                == "RELEASED"
+        })
+        .await
+    );
+    let (_, order) = front
+        .get(&format!("/v1/orders/{}", first["order_id"]))
+        .await;
+    assert_eq!(order["status"], "CANCELLED");
+
     handle.stop(true).await;
     engine.stop().await;
     assert_invariants(&db).await;
