@@ -332,26 +332,32 @@ async fn drive_amqp(
     let bar = ProgressBar::new(order.len() as u64);
     bar.set_style(bar_style("publish"));
     let failures = Arc::new(AtomicU64::new(0));
+    // A redelivered copy must be byte-identical to the first: bodies are built once,
+    // stamped at their first publish (latency is measured from there).
+    let bodies: Vec<std::sync::OnceLock<Vec<u8>>> = (0..msgs.len())
+        .map(|_| std::sync::OnceLock::new())
+        .collect();
     stream::iter(order)
         .for_each_concurrent(args.concurrency, |i| {
-            let (publisher, exchange, bar, failures, msgs) =
-                (&publisher, &exchange, &bar, &failures, &msgs);
+            let (publisher, exchange, bar, failures, msgs, bodies) =
+                (&publisher, &exchange, &bar, &failures, &msgs, &bodies);
             async move {
                 let m = &msgs[i];
-                // Latency is measured from the publish: stamp it now.
-                let mut m = m.clone();
-                m.reserved_at = Utc::now();
                 let shard = shard_for(
                     m.activity_id,
                     m.sku_id,
                     m.inventory_bucket,
                     settings.amqp.shards,
                 );
-                let body = serde_json::to_vec(&m).unwrap_or_default();
+                let body = bodies[i].get_or_init(|| {
+                    let mut m = m.clone();
+                    m.reserved_at = Utc::now();
+                    serde_json::to_vec(&m).unwrap_or_default()
+                });
                 let props = BasicProperties::default()
                     .with_message_id(m.message_id.to_string().as_str().into());
                 if publisher
-                    .publish(exchange, &Names::order_routing_key(shard), &body, props)
+                    .publish(exchange, &Names::order_routing_key(shard), body, props)
                     .await
                     .is_err()
                 {

@@ -97,6 +97,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
         }
     };
     crate::telemetry::init(&settings.telemetry);
+    if matches!(cli.command, Command::Serve) {
+        // Before any actor records a metric.
+        crate::telemetry::metrics();
+    }
     match cli.command {
         Command::Serve => {
             // actix needs its own System; everything else runs on a plain runtime.
@@ -144,12 +148,18 @@ async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
         .context("starting the front stage")?;
     let http = front.server.handle();
     actix_rt::spawn(front.server);
+    let admin = crate::http::admin::start(&settings, engine.pool().clone(), engine.intake_stats())
+        .await
+        .context("starting the admin endpoints")?;
+    let admin_handle = admin.server.handle();
+    actix_rt::spawn(admin.server);
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
     tracing::info!("signal received, stopping");
     http.stop(true).await;
+    admin_handle.stop(true).await;
     engine.stop().await;
     Ok(ExitCode::SUCCESS)
 }

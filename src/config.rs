@@ -47,6 +47,13 @@ pub struct Settings {
     pub payment: PaymentSettings,
     pub supervisor: SupervisorSettings,
     pub frontstage: FrontstageSettings,
+    pub admin: AdminSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminSettings {
+    pub addr: String,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -303,10 +310,13 @@ impl Settings {
                 format!("must be at most {}", crate::domain::ids::MAX_NODE_ID),
             ));
         }
-        self.http
-            .addr
-            .parse::<SocketAddr>()
-            .map_err(|e| invalid("http.addr", format!("not a socket address: {e}")))?;
+        for (key, addr) in [
+            ("http.addr", &self.http.addr),
+            ("admin.addr", &self.admin.addr),
+        ] {
+            addr.parse::<SocketAddr>()
+                .map_err(|e| invalid(key, format!("not a socket address: {e}")))?;
+        }
         tracing_subscriber::EnvFilter::try_new(&self.telemetry.level)
             .map_err(|e| invalid("telemetry.level", format!("not a log filter: {e}")))?;
         Ok(())

@@ -1,5 +1,9 @@
-//! Logging: human-readable text or JSON lines, level from `RUST_LOG` or the config.
+//! Logging (human-readable text or JSON lines, level from `RUST_LOG` or the config)
+//! and the Prometheus metrics recorder.
 
+use std::sync::OnceLock;
+
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogFormat, TelemetrySettings};
@@ -16,4 +20,27 @@ pub fn init(settings: &TelemetrySettings) {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Text => builder.try_init(),
     };
+}
+
+/// Histogram buckets for every `*_seconds` metric: explicit buckets, so that the
+/// exporter emits aggregatable histograms instead of per-instance summaries.
+const SECONDS_BUCKETS: &[f64] = &[
+    0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
+];
+
+static METRICS: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
+
+/// Installs the process-wide Prometheus recorder (once) and returns its handle;
+/// `None` if another recorder was installed first.
+pub fn metrics() -> Option<&'static PrometheusHandle> {
+    METRICS
+        .get_or_init(|| {
+            let builder = PrometheusBuilder::new()
+                .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+                .ok()?;
+            let handle = builder.install_recorder().ok()?;
+            metrics::gauge!("seckill_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+            Some(handle)
+        })
+        .as_ref()
 }

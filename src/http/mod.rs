@@ -1,6 +1,7 @@
-//! HTTP: the front stage (reservations and status queries) on `http.addr`. Admin
-//! endpoints (health, readiness, metrics) come with the operability work.
+//! HTTP: the front stage (reservations and status queries) on `http.addr`, and the
+//! admin endpoints (liveness, readiness, metrics) on `admin.addr`.
 
+pub mod admin;
 pub mod front;
 
 use std::net::SocketAddr;

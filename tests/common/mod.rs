@@ -161,7 +161,8 @@ impl TestEnv {
             // Tests want retries to come back quickly.
             .merge(Serialized::default("amqp.retry_delay_ms", 200))
             // Any free port: tests run in parallel.
-            .merge(Serialized::default("http.addr", "127.0.0.1:0"));
+            .merge(Serialized::default("http.addr", "127.0.0.1:0"))
+            .merge(Serialized::default("admin.addr", "127.0.0.1:0"));
         let figment = overrides(figment);
         let settings = Settings::from_figment(&figment).expect("test settings");
         TestEnv {
@@ -332,4 +333,12 @@ pub async fn assert_invariants(db: &Client) {
         .expect("run checks");
     let failed: Vec<_> = results.iter().filter(|r| !r.ok()).collect();
     assert!(failed.is_empty(), "invariants violated: {failed:#?}");
+}
+
+/// A TCP port nothing listens on right now.
+pub fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port")
 }

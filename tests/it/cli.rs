@@ -455,3 +455,118 @@ async fn check_redis_reports_drift_between_redis_and_postgres() {
     assert!(out.text.contains("drift 1"), "{}", out.text);
     env.cleanup().await;
 }
+
+#[actix_rt::test]
+async fn serve_exposes_liveness_readiness_and_metrics_that_count_outcomes() {
+    use std::io::{BufRead, BufReader};
+    let env = crate::common::TestEnv::new().await;
+    let mut db = env.db().await;
+    crate::common::builders::activity(&mut db, 81, 1, 10, 1).await;
+    let admin = format!("127.0.0.1:{}", crate::common::free_port());
+    let mut child = env_of(&mut engine(), &env)
+        .env("RUST_LOG", "info")
+        .env("SECKILL__ADMIN__ADDR", &admin)
+        .env("SECKILL__HTTP__ADDR", "127.0.0.1:0")
+        .arg("serve")
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+    let reader = std::thread::spawn(move || {
+        let mut ready_tx = Some(ready_tx);
+        let mut text = String::new();
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if line.contains("admin endpoints listening") {
+                if let Some(tx) = ready_tx.take() {
+                    let _ = tx.send(());
+                }
+            }
+            text.push_str(&line);
+            text.push('\n');
+        }
+        text
+    });
+    let ready = tokio::time::timeout(std::time::Duration::from_secs(60), ready_rx).await;
+    let result = async {
+        assert!(matches!(ready, Ok(Ok(()))), "serve never listened");
+        let client = awc::Client::default();
+        let get = |path: &str| {
+            let req = client.get(format!("http://{admin}{path}"));
+            async move {
+                let mut res = req.send().await.unwrap();
+                let body = res.body().await.unwrap();
+                (
+                    res.status().as_u16(),
+                    String::from_utf8_lossy(&body).into_owned(),
+                )
+            }
+        };
+        assert_eq!(get("/livez").await.0, 200);
+        let (status, body) = get("/readyz").await;
+        assert_eq!(status, 200, "{body}");
+
+        let amqp = env.amqp().await;
+        let msgs: Vec<_> = (1..=20)
+            .map(|u| crate::common::builders::order(81, 1, u, 0))
+            .collect();
+        crate::common::builders::publish(&env, &amqp, &msgs).await;
+        let settled = crate::common::wait_until(std::time::Duration::from_secs(60), || async {
+            crate::common::count(&db, "SELECT count(*) FROM consumer_inbox").await == 20
+        })
+        .await;
+        assert!(settled);
+        let (status, text) = get("/metrics").await;
+        assert_eq!(status, 200);
+        // Prometheus text: comments, or `name{labels} value`.
+        for line in text
+            .lines()
+            .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        {
+            let (series, value) = line.rsplit_once(' ').unwrap_or_else(|| panic!("{line}"));
+            assert!(value.parse::<f64>().is_ok(), "{line}");
+            let name = series.split('{').next().unwrap();
+            assert!(
+                name.chars()
+                    .all(|c| c.is_ascii_alphanumeric() || c == '_' || c == ':'),
+                "{line}"
+            );
+        }
+        let value = |series: &str| {
+            text.lines()
+                .find(|l| l.starts_with(series))
+                .and_then(|l| l.rsplit_once(' '))
+                .map(|(_, v)| v.parse::<f64>().unwrap())
+        };
+        assert_eq!(
+            value("seckill_orders_total{outcome=\"created\"}"),
+            Some(10.0),
+            "{text}"
+        );
+        assert_eq!(
+            value("seckill_orders_total{outcome=\"sold_out\"}"),
+            Some(10.0),
+            "{text}"
+        );
+        assert!(
+            text.contains("seckill_order_tx_duration_seconds_bucket{"),
+            "histograms, not summaries"
+        );
+        assert!(text.contains("seckill_build_info{version=\""), "{text}");
+    };
+    let outcome = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(result)).await;
+    let _ = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status();
+    let status = tokio::task::spawn_blocking(move || child.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    let text = reader.join().unwrap();
+    if let Err(panic) = outcome {
+        eprintln!("{text}");
+        std::panic::resume_unwind(panic);
+    }
+    assert!(status.success(), "serve exited with {status}:\n{text}");
+    env.cleanup().await;
+}
