@@ -51,9 +51,7 @@ impl From<lapin::Error> for EngineError {
 
 pub struct Engine {
     pool: Pool,
-    permits: Addr<DbPermits>,
     stats: Arc<IntakeStats>,
-    reservations: Addr<Registry<Uuid, ReservationActor>>,
     supervisor: Addr<Supervisor>,
 }
 
@@ -152,9 +150,7 @@ impl Engine {
         );
         Ok(Engine {
             pool,
-            permits,
             stats,
-            reservations,
             supervisor,
         })
     }
@@ -163,21 +159,9 @@ impl Engine {
         &self.pool
     }
 
-    pub fn permits(&self) -> &Addr<DbPermits> {
-        &self.permits
-    }
-
     /// Deliveries received and not yet settled, across all intakes.
     pub fn intake_stats(&self) -> Arc<IntakeStats> {
         self.stats.clone()
-    }
-
-    pub fn reservations(&self) -> &Addr<Registry<Uuid, ReservationActor>> {
-        &self.reservations
-    }
-
-    pub fn supervisor(&self) -> &Addr<Supervisor> {
-        &self.supervisor
     }
 
     /// Stops the intakes (consumers cancelled, connections closed: the broker

@@ -10,7 +10,6 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 pub struct DbPermits {
     semaphore: Arc<Semaphore>,
-    capacity: usize,
 }
 
 /// A held permit; dropping it gives it back.
@@ -24,23 +23,11 @@ pub struct Permit {
 #[rtype(result = "Permit")]
 pub struct Acquire;
 
-/// Available and total permits.
-#[derive(Message)]
-#[rtype(result = "PermitStatus")]
-pub struct Status;
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq, MessageResponse)]
-pub struct PermitStatus {
-    pub available: usize,
-    pub capacity: usize,
-}
-
 impl DbPermits {
     pub fn new(capacity: usize) -> Self {
         metrics::gauge!("seckill_db_permits_capacity").set(capacity as f64);
         Self {
             semaphore: Arc::new(Semaphore::new(capacity)),
-            capacity,
         }
     }
 }
@@ -68,16 +55,5 @@ impl Handler<Acquire> for DbPermits {
                 .set(semaphore.available_permits() as f64);
             Permit { _inner: inner }
         })
-    }
-}
-
-impl Handler<Status> for DbPermits {
-    type Result = PermitStatus;
-
-    fn handle(&mut self, _: Status, _: &mut Self::Context) -> PermitStatus {
-        PermitStatus {
-            available: self.semaphore.available_permits(),
-            capacity: self.capacity,
-        }
     }
 }

@@ -40,11 +40,6 @@ where
     type Result = Result<M::Result, MailboxError>;
 }
 
-/// Number of live actors.
-#[derive(Message)]
-#[rtype(result = "usize")]
-pub struct Live;
-
 impl<K, A: Actor> Registry<K, A> {
     pub fn new(kind: &'static str, spawn: impl Fn(&K) -> Addr<A> + 'static) -> Self {
         Self {
@@ -88,13 +83,5 @@ where
             }
             result
         }))
-    }
-}
-
-impl<K: Unpin + 'static, A: Actor> Handler<Live> for Registry<K, A> {
-    type Result = usize;
-
-    fn handle(&mut self, _: Live, _: &mut Self::Context) -> usize {
-        self.actors.len()
     }
 }
