@@ -281,48 +281,65 @@ async fn check_passes_on_clean_data_and_fails_on_a_broken_invariant() {
     env.cleanup().await;
 }
 
+/// A `serve` process under test; its stderr is read to the end on a thread of its own
+/// (so it never writes into a closed pipe) and kept for failure messages.
+struct Serve {
+    child: std::process::Child,
+    reader: std::thread::JoinHandle<String>,
+}
+
+impl Serve {
+    /// Starts `serve` and waits until it logged `ready_line` (60 s at most).
+    async fn start(cmd: &mut Command, ready_line: &'static str) -> (Serve, bool) {
+        use std::io::{BufRead, BufReader};
+        let mut child = cmd
+            .env("RUST_LOG", "info")
+            .arg("serve")
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
+        let reader = std::thread::spawn(move || {
+            let mut ready_tx = Some(ready_tx);
+            let mut text = String::new();
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                if line.contains(ready_line) {
+                    if let Some(tx) = ready_tx.take() {
+                        let _ = tx.send(());
+                    }
+                }
+                text.push_str(&line);
+                text.push('\n');
+            }
+            text
+        });
+        let ready = tokio::time::timeout(std::time::Duration::from_secs(60), ready_rx).await;
+        (Serve { child, reader }, matches!(ready, Ok(Ok(()))))
+    }
+
+    /// Sends SIGTERM and returns the exit status and everything it logged.
+    async fn terminate(self) -> (std::process::ExitStatus, String) {
+        let signalled = Command::new("kill")
+            .args(["-TERM", &self.child.id().to_string()])
+            .status()
+            .unwrap();
+        assert!(signalled.success());
+        let mut child = self.child;
+        let status = tokio::task::spawn_blocking(move || child.wait())
+            .await
+            .unwrap()
+            .unwrap();
+        (status, self.reader.join().unwrap())
+    }
+}
+
 #[tokio::test]
 async fn serve_starts_and_exits_cleanly_on_sigterm() {
-    use std::io::{BufRead, BufReader};
     let env = crate::common::TestEnv::new().await;
-    let mut child = env_of(&mut engine(), &env)
-        .env("RUST_LOG", "info")
-        .arg("serve")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-    // Read until EOF so the engine never writes into a closed pipe.
-    let reader = std::thread::spawn(move || {
-        let mut ready_tx = Some(ready_tx);
-        let mut text = String::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.contains("engine ready") {
-                if let Some(tx) = ready_tx.take() {
-                    let _ = tx.send(());
-                }
-            }
-            text.push_str(&line);
-            text.push('\n');
-        }
-        text
-    });
-    let ready = tokio::time::timeout(std::time::Duration::from_secs(60), ready_rx).await;
-    let signalled = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(signalled.success());
-    let status = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    let text = reader.join().unwrap();
-    assert!(
-        matches!(ready, Ok(Ok(()))),
-        "the engine never logged readiness:\n{text}"
-    );
+    let (serve, ready) = Serve::start(env_of(&mut engine(), &env), "engine ready").await;
+    let (status, text) = serve.terminate().await;
+    assert!(ready, "the engine never logged readiness:\n{text}");
     assert!(status.success(), "serve exited with {status}:\n{text}");
     assert!(text.contains("engine stopped"), "{text}");
     env.cleanup().await;
@@ -458,38 +475,17 @@ async fn check_redis_reports_drift_between_redis_and_postgres() {
 
 #[actix_rt::test]
 async fn serve_exposes_liveness_readiness_and_metrics_that_count_outcomes() {
-    use std::io::{BufRead, BufReader};
     let env = crate::common::TestEnv::new().await;
     let mut db = env.db().await;
     crate::common::builders::activity(&mut db, 81, 1, 10, 1).await;
     let admin = format!("127.0.0.1:{}", crate::common::free_port());
-    let mut child = env_of(&mut engine(), &env)
-        .env("RUST_LOG", "info")
+    let mut cmd = engine();
+    env_of(&mut cmd, &env)
         .env("SECKILL__ADMIN__ADDR", &admin)
-        .env("SECKILL__HTTP__ADDR", "127.0.0.1:0")
-        .arg("serve")
-        .stderr(std::process::Stdio::piped())
-        .spawn()
-        .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-    let reader = std::thread::spawn(move || {
-        let mut ready_tx = Some(ready_tx);
-        let mut text = String::new();
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if line.contains("admin endpoints listening") {
-                if let Some(tx) = ready_tx.take() {
-                    let _ = tx.send(());
-                }
-            }
-            text.push_str(&line);
-            text.push('\n');
-        }
-        text
-    });
-    let ready = tokio::time::timeout(std::time::Duration::from_secs(60), ready_rx).await;
+        .env("SECKILL__HTTP__ADDR", "127.0.0.1:0");
+    let (serve, ready) = Serve::start(&mut cmd, "admin endpoints listening").await;
     let result = async {
-        assert!(matches!(ready, Ok(Ok(()))), "serve never listened");
+        assert!(ready, "serve never listened");
         let client = awc::Client::default();
         let get = |path: &str| {
             let req = client.get(format!("http://{admin}{path}"));
@@ -555,14 +551,7 @@ async fn serve_exposes_liveness_readiness_and_metrics_that_count_outcomes() {
         assert!(text.contains("seckill_build_info{version=\""), "{text}");
     };
     let outcome = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(result)).await;
-    let _ = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status();
-    let status = tokio::task::spawn_blocking(move || child.wait())
-        .await
-        .unwrap()
-        .unwrap();
-    let text = reader.join().unwrap();
+    let (status, text) = serve.terminate().await;
     if let Err(panic) = outcome {
         eprintln!("{text}");
         std::panic::resume_unwind(panic);
