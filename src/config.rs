@@ -48,6 +48,13 @@ pub struct Settings {
     pub supervisor: SupervisorSettings,
     pub frontstage: FrontstageSettings,
     pub admin: AdminSettings,
+    pub shutdown: ShutdownSettings,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ShutdownSettings {
+    pub grace_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]

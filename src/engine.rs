@@ -53,6 +53,7 @@ pub struct Engine {
     pool: Pool,
     stats: Arc<IntakeStats>,
     supervisor: Addr<Supervisor>,
+    grace: Duration,
 }
 
 impl Engine {
@@ -152,6 +153,7 @@ impl Engine {
             pool,
             stats,
             supervisor,
+            grace: Duration::from_millis(settings.shutdown.grace_ms),
         })
     }
 
@@ -164,13 +166,20 @@ impl Engine {
         self.stats.clone()
     }
 
-    /// Stops the intakes (consumers cancelled, connections closed: the broker
-    /// requeues every unacked delivery, and a transaction that commits after this point
-    /// is answered by the inbox on redelivery) and the background services after their
-    /// current run.
+    /// Drains: consumers are cancelled at once, the deliveries already taken get
+    /// `shutdown.grace_ms` to settle, then the connections close (the broker
+    /// requeues whatever is still unacked, and the inbox answers it on redelivery).
+    /// The background services stop after their current run.
     pub async fn stop(self) {
         let _ = self.supervisor.send(Shutdown).await;
-        tracing::info!("engine stopped");
+        if self.stats.drained(self.grace).await {
+            tracing::info!("engine stopped, every delivery settled");
+        } else {
+            tracing::warn!(
+                in_flight = self.stats.in_flight(),
+                "engine stopped with deliveries unsettled after the grace period; they will be redelivered"
+            );
+        }
     }
 }
 
@@ -200,6 +209,7 @@ impl IntakeStarter<'_> {
                 max_retries: self.settings.amqp.max_retries,
                 retry_delay: Duration::from_millis(self.settings.amqp.retry_delay_ms),
             },
+            grace: Duration::from_millis(self.settings.shutdown.grace_ms),
         };
         let (stats, permits) = (self.stats.clone(), self.permits.clone());
         Box::new(move |supervisor| {

@@ -123,6 +123,19 @@ impl IntakeStats {
     pub fn peak(&self) -> usize {
         self.peak.load(Ordering::Relaxed)
     }
+
+    /// Waits until nothing is in flight or `grace` has passed; returns whether it
+    /// drained.
+    pub async fn drained(&self, grace: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.in_flight() > 0 {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        true
+    }
     fn enter(self: &Arc<Self>) -> InFlight {
         let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.peak.fetch_max(now, Ordering::Relaxed);
@@ -197,6 +210,8 @@ pub struct IntakeConfig {
     pub amqp: AmqpSettings,
     pub prefetch: u16,
     pub routes: IntakeRoutes,
+    /// How long deliveries already taken may take to settle when stopping.
+    pub grace: std::time::Duration,
 }
 
 pub struct Intake<W: IntakeWork> {
@@ -316,17 +331,20 @@ impl<W: IntakeWork> Drop for Intake<W> {
 impl<W: IntakeWork> Handler<StopChild> for Intake<W> {
     type Result = ();
 
-    /// Cancels the consumer: no new deliveries; those in flight settle on their own
-    /// tasks (or are redelivered if the connection goes first).
+    /// Cancels the consumer (no new deliveries), lets the deliveries already taken
+    /// settle on their own tasks for up to the grace period, then closes the
+    /// connection: whatever is still unacked then is redelivered.
     fn handle(&mut self, _: StopChild, ctx: &mut Self::Context) {
         self.stopping = true;
         if let Some(link) = &self.link {
             let (channel, tag) = (link.channel.clone(), link.consumer_tag.clone());
             let connection = link.connection.clone();
+            let (stats, grace) = (self.stats.clone(), self.config.grace);
             actix::spawn(async move {
                 let _ = channel
                     .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
                     .await;
+                stats.drained(grace).await;
                 let _ = connection.close(200, "intake stopping".into()).await;
             });
         }

@@ -172,6 +172,14 @@ fn env_of<'a>(cmd: &'a mut Command, env: &crate::common::TestEnv) -> &'a mut Com
     )
     .env("SECKILL__AMQP__NAMESPACE", &env.settings.amqp.namespace)
     .env("SECKILL__REDIS__KEY_PREFIX", &env.settings.redis.key_prefix)
+    // Any free ports: several serve processes may run at once.
+    .env("SECKILL__HTTP__ADDR", "127.0.0.1:0")
+    .env("SECKILL__ADMIN__ADDR", "127.0.0.1:0")
+    // Queue arguments must match what the test's in-process engines declare.
+    .env(
+        "SECKILL__AMQP__RETRY_DELAY_MS",
+        env.settings.amqp.retry_delay_ms.to_string(),
+    )
 }
 
 #[tokio::test]
@@ -557,5 +565,65 @@ async fn serve_exposes_liveness_readiness_and_metrics_that_count_outcomes() {
         std::panic::resume_unwind(panic);
     }
     assert!(status.success(), "serve exited with {status}:\n{text}");
+    env.cleanup().await;
+}
+
+#[actix_rt::test]
+async fn sigterm_mid_run_drains_and_a_restart_finishes_with_one_effect_each() {
+    let env = crate::common::TestEnv::new().await;
+    let mut db = env.db().await;
+    crate::common::builders::activity(&mut db, 82, 1, 3_000, 4).await;
+    let grace_ms = 20_000;
+    let mut cmd = engine();
+    env_of(&mut cmd, &env).env("SECKILL__SHUTDOWN__GRACE_MS", grace_ms.to_string());
+    let (serve, ready) = Serve::start(&mut cmd, "engine ready").await;
+    assert!(ready, "serve never became ready");
+
+    let amqp = env.amqp().await;
+    let msgs: Vec<_> = (0..5_000)
+        .map(|u| crate::common::builders::order(82, 1, u + 1, (u % 4) as i16))
+        .collect();
+    crate::common::builders::publish(&env, &amqp, &msgs).await;
+    let started = crate::common::wait_until(std::time::Duration::from_secs(120), || async {
+        crate::common::count(&db, "SELECT count(*) FROM consumer_inbox").await >= 500
+    })
+    .await;
+    assert!(started);
+    let signalled_at = std::time::Instant::now();
+    let (status, text) = serve.terminate().await;
+    let took = signalled_at.elapsed();
+    assert!(status.success(), "serve exited with {status}:\n{text}");
+    assert!(
+        took < std::time::Duration::from_millis(grace_ms),
+        "exit took {took:?}"
+    );
+    assert!(text.contains("every delivery settled"), "{text}");
+    let at_stop = crate::common::count(&db, "SELECT count(*) FROM consumer_inbox").await;
+    assert!(at_stop < 5_000, "the signal came too late to test a drain");
+
+    let engine = crate::common::engine::EngineHandle::start(&env.settings).await;
+    let done = crate::common::wait_until(std::time::Duration::from_secs(240), || async {
+        crate::common::count(&db, "SELECT count(*) FROM consumer_inbox").await >= 5_000
+    })
+    .await;
+    engine.stop().await;
+    assert!(done);
+    assert_eq!(
+        crate::common::count(&db, "SELECT count(DISTINCT message_id) FROM consumer_inbox").await,
+        5_000
+    );
+    assert_eq!(
+        crate::common::count(&db, "SELECT count(*) FROM orders").await,
+        3_000
+    );
+    assert_eq!(
+        crate::common::count(
+            &db,
+            "SELECT count(*) FROM inventory_reservation WHERE status = 20"
+        )
+        .await,
+        2_000
+    );
+    crate::common::assert_invariants(&db).await;
     env.cleanup().await;
 }
