@@ -19,6 +19,7 @@ use crate::actors::intake::{
 };
 use crate::actors::maintenance::{Maintenance, Service};
 use crate::actors::outbox_publisher::{OutboxConfig, OutboxPublisher};
+use crate::actors::readiness::{Readiness, ReadinessMonitor};
 use crate::actors::reconciler::Reconciler;
 use crate::actors::registry::Registry;
 use crate::actors::reservation::ReservationActor;
@@ -91,11 +92,24 @@ impl Engine {
         .start();
 
         let stats = Arc::new(IntakeStats::default());
-        let mut supervisor = background_services(settings, &pool);
+        let readiness = Arc::new(Readiness::default());
+        let mut supervisor = background_services(settings, &pool).child(ReadinessMonitor::NAME, {
+            let (pool, redis, readiness) =
+                (pool.clone(), settings.redis.clone(), readiness.clone());
+            child(move || {
+                ReadinessMonitor::new(
+                    pool.clone(),
+                    redis.clone(),
+                    readiness.clone(),
+                    Duration::from_secs(1),
+                )
+            })
+        });
         let intake = IntakeStarter {
             settings,
             permits: &permits,
             stats: &stats,
+            readiness: &readiness,
         };
         for shard in settings.owned_shards() {
             let queue: Arc<str> = names.order_queue(shard).into();
@@ -188,6 +202,7 @@ struct IntakeStarter<'a> {
     settings: &'a Settings,
     permits: &'a Addr<DbPermits>,
     stats: &'a Arc<IntakeStats>,
+    readiness: &'a Arc<Readiness>,
 }
 
 impl IntakeStarter<'_> {
@@ -212,6 +227,7 @@ impl IntakeStarter<'_> {
             grace: Duration::from_millis(self.settings.shutdown.grace_ms),
         };
         let (stats, permits) = (self.stats.clone(), self.permits.clone());
+        let readiness = self.readiness.clone();
         Box::new(move |supervisor| {
             Intake::new(
                 config.clone(),
@@ -219,6 +235,7 @@ impl IntakeStarter<'_> {
                 permits.clone(),
                 work.clone(),
                 Some(supervisor),
+                readiness.clone(),
             )
             .start()
             .recipient()

@@ -21,6 +21,7 @@ use uuid::Uuid;
 
 use super::db_permits::{Acquire, DbPermits, Permit};
 use super::maintenance::{ChildFailed, StopChild};
+use super::readiness::Readiness;
 use super::registry::{Registry, Route};
 use super::reservation::{ProcessOrder, ReservationActor};
 use crate::config::AmqpSettings;
@@ -82,6 +83,9 @@ impl IntakeWork for OrderWork {
         })
     }
 }
+
+/// How often an intake looks at the readiness flag.
+const READINESS_POLL: std::time::Duration = std::time::Duration::from_millis(250);
 
 /// Header carrying how many delayed retries a message has had.
 pub const RETRIES_HEADER: &str = "x-seckill-retries";
@@ -224,6 +228,12 @@ pub struct Intake<W: IntakeWork> {
     /// confirm channel for retry and dead-letter copies.
     link: Option<Link>,
     stopping: bool,
+    /// Consumers are cancelled while the engine is not ready.
+    readiness: Arc<Readiness>,
+    paused: bool,
+    resuming: bool,
+    /// Consumer streams cancelled for a pause whose end is still to come.
+    cancelled_streams: usize,
 }
 
 struct Link {
@@ -240,6 +250,7 @@ impl<W: IntakeWork> Intake<W> {
         permits: Addr<DbPermits>,
         work: W,
         supervisor: Option<Recipient<ChildFailed>>,
+        readiness: Arc<Readiness>,
     ) -> Self {
         Self {
             config,
@@ -249,6 +260,66 @@ impl<W: IntakeWork> Intake<W> {
             supervisor,
             link: None,
             stopping: false,
+            readiness,
+            paused: false,
+            resuming: false,
+            cancelled_streams: 0,
+        }
+    }
+
+    /// Cancels the consumer while the engine is not ready; consumes again once it is.
+    fn follow_readiness(&mut self, ctx: &mut Context<Self>) {
+        if self.stopping || self.resuming {
+            return;
+        }
+        let Some(link) = &self.link else { return };
+        let ready = self.readiness.is_ready();
+        if !ready && !self.paused {
+            self.paused = true;
+            self.cancelled_streams += 1;
+            let (channel, tag) = (link.channel.clone(), link.consumer_tag.clone());
+            tracing::info!(queue = %self.config.routes.queue, "not ready: consumer cancelled");
+            actix::spawn(async move {
+                let _ = channel
+                    .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
+                    .await;
+            });
+        } else if ready && self.paused {
+            self.resuming = true;
+            let channel = link.channel.clone();
+            let queue = self.config.routes.queue.clone();
+            let tag = format!("seckill-engine-{}", Uuid::now_v7());
+            let consume_tag = tag.clone();
+            ctx.wait(
+                async move {
+                    channel
+                        .basic_consume(
+                            queue.as_ref().into(),
+                            consume_tag.as_str().into(),
+                            BasicConsumeOptions::default(),
+                            FieldTable::default(),
+                        )
+                        .await
+                }
+                .into_actor(self)
+                .map(move |result, intake, ctx| {
+                    intake.resuming = false;
+                    match result {
+                        Ok(consumer) => {
+                            intake.paused = false;
+                            if let Some(link) = &mut intake.link {
+                                link.consumer_tag = tag;
+                            }
+                            ctx.add_stream(consumer);
+                            tracing::info!(queue = %intake.config.routes.queue, "ready again: consuming");
+                        }
+                        Err(e) => {
+                            tracing::warn!(queue = %intake.config.routes.queue, error = %e, "could not consume again");
+                            intake.fail(ctx);
+                        }
+                    }
+                }),
+            );
         }
     }
 
@@ -309,6 +380,9 @@ impl<W: IntakeWork> Actor for Intake<W> {
                         intake.link = Some(link);
                         intake.stats.consuming.fetch_add(1, Ordering::Relaxed);
                         ctx.add_stream(consumer);
+                        ctx.run_interval(READINESS_POLL, |intake, ctx| {
+                            intake.follow_readiness(ctx)
+                        });
                         tracing::debug!(queue = %intake.config.routes.queue, "consuming");
                     }
                     Err(e) => {
@@ -410,6 +484,11 @@ impl<W: IntakeWork> StreamHandler<Result<Delivery, lapin::Error>> for Intake<W> 
     fn finished(&mut self, ctx: &mut Self::Context) {
         if self.stopping {
             ctx.stop();
+            return;
+        }
+        if self.cancelled_streams > 0 {
+            // The end of a consumer we cancelled for a pause: nothing failed.
+            self.cancelled_streams -= 1;
             return;
         }
         // The broker cancelled the consumer or the connection broke: start over.

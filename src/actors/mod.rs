@@ -7,6 +7,7 @@ pub mod db_permits;
 pub mod intake;
 pub mod maintenance;
 pub mod outbox_publisher;
+pub mod readiness;
 pub mod reconciler;
 pub mod registry;
 pub mod reservation;

@@ -342,3 +342,72 @@ pub fn free_port() -> u16 {
         .map(|a| a.port())
         .expect("a free port")
 }
+
+/// A TCP proxy in front of a real service that can be switched off (every connection
+/// cut, new ones refused) and on again: the service "goes down" for the engine only.
+pub struct Switch {
+    pub addr: std::net::SocketAddr,
+    up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    generation: std::sync::Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Switch {
+    pub async fn start(target: std::net::SocketAddr) -> Switch {
+        use std::sync::atomic::Ordering;
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let generation = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+        let (up2, gen2) = (up.clone(), generation.clone());
+        tokio::spawn(async move {
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                if !up2.load(Ordering::SeqCst) {
+                    continue; // dropped: the client sees the connection closed
+                }
+                let (up, gen) = (up2.clone(), gen2.clone());
+                let born = gen.load(Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
+                        return;
+                    };
+                    let copy = tokio::io::copy_bidirectional(&mut inbound, &mut outbound);
+                    let cut = async {
+                        while up.load(Ordering::SeqCst) && gen.load(Ordering::SeqCst) == born {
+                            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+                        }
+                    };
+                    tokio::select! { _ = copy => {}, _ = cut => {} }
+                });
+            }
+        });
+        Switch {
+            addr,
+            up,
+            generation,
+        }
+    }
+
+    pub fn set(&self, up: bool) {
+        use std::sync::atomic::Ordering;
+        self.up.store(up, Ordering::SeqCst);
+        self.generation.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// The host:port a service URL points at.
+pub fn target_of(url: &str, default_port: u16) -> std::net::SocketAddr {
+    let rest = url.split("://").nth(1).unwrap();
+    let hostport = rest.rsplit('@').next().unwrap().split('/').next().unwrap();
+    let (host, port) = hostport.rsplit_once(':').unwrap_or((hostport, ""));
+    let port = port.parse().unwrap_or(default_port);
+    format!(
+        "{}:{port}",
+        if host == "localhost" {
+            "127.0.0.1"
+        } else {
+            host
+        }
+    )
+    .parse()
+    .unwrap()
+}

@@ -557,3 +557,94 @@ async fn an_intake_whose_consumer_the_broker_cancelled_comes_back() {
     assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 50);
     env.cleanup().await;
 }
+
+/// Consumers on a queue right now (passive declare on a fresh channel).
+async fn consumers(amqp: &lapin::Connection, queue: &str) -> Option<u32> {
+    let channel = amqp.create_channel().await.ok()?;
+    let q = channel
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .ok()?;
+    let _ = channel.close(200, "probe".into()).await;
+    Some(q.consumer_count())
+}
+
+#[actix_rt::test]
+async fn intake_stops_consuming_while_postgres_is_unreachable_and_resumes_after() {
+    use secrecy::ExposeSecret;
+    let env = TestEnv::new().await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 10, 1, 100, 1).await;
+    // The engine reaches PostgreSQL only through a switch the test controls.
+    let url = env.settings.database.url.expose_secret().to_owned();
+    let switch = crate::common::Switch::start(crate::common::target_of(&url, 5432)).await;
+    let (scheme, rest) = url.split_once("://").unwrap();
+    let (authority, path) = rest.split_once('/').unwrap();
+    let user = authority
+        .rsplit_once('@')
+        .map(|(u, _)| format!("{u}@"))
+        .unwrap_or_default();
+    let mut settings = env.settings.clone();
+    settings.database.url = format!("{scheme}://{user}{}/{path}", switch.addr).into();
+
+    let engine = EngineHandle::start(&settings).await;
+    let pool = seckill_engine::store::build_pool(&settings.database).unwrap();
+    let admin = seckill_engine::http::admin::start(&settings, pool, engine.stats.clone())
+        .await
+        .unwrap();
+    let admin_handle = admin.server.handle();
+    actix_rt::spawn(admin.server);
+    let readyz = format!("http://{}/readyz", admin.addr);
+    let client = awc::Client::default();
+    let ready_status = || {
+        let req = client.get(readyz.as_str());
+        async move { req.send().await.map(|r| r.status().as_u16()).unwrap_or(0) }
+    };
+    let amqp = env.amqp().await;
+    let queue = env.names.order_queue(0);
+    assert_eq!(consumers(&amqp, &queue).await, Some(1));
+    assert_eq!(ready_status().await, 200);
+
+    switch.set(false);
+    let paused = wait_until(settle(), || async {
+        consumers(&amqp, &queue).await == Some(0)
+    })
+    .await;
+    assert!(
+        paused,
+        "the intake kept consuming while PostgreSQL was unreachable"
+    );
+    assert_eq!(ready_status().await, 503);
+    let msgs: Vec<_> = (1..=20).map(|user| order(10, 1, user, 0)).collect();
+    builders::publish(&env, &amqp, &msgs).await;
+    let channel = amqp.create_channel().await.unwrap();
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            env.ready_count(&channel, &queue).await,
+            20,
+            "the backlog waits in the broker"
+        );
+    }
+
+    switch.set(true);
+    let resumed = wait_until(settle(), || async {
+        consumers(&amqp, &queue).await == Some(1)
+    })
+    .await;
+    assert!(resumed, "the intake did not resume");
+    assert!(wait_until(settle(), || async { ready_status().await == 200 }).await);
+    wait_inbox(&db, 20).await;
+    admin_handle.stop(true).await;
+    engine.stop().await;
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 20);
+    assert_invariants(&db).await;
+    env.cleanup().await;
+}
