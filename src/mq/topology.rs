@@ -112,6 +112,47 @@ fn durable() -> QueueDeclareOptions {
     }
 }
 
+/// A quorum dead-letter queue bound to the dead-letter exchange with `routing_key`.
+async fn declare_dead_queue(
+    channel: &Channel,
+    names: &Names,
+    queue: &str,
+    routing_key: &str,
+) -> Result<(), MqError> {
+    channel
+        .queue_declare(queue.into(), durable(), quorum_args())
+        .await?;
+    channel
+        .queue_bind(
+            queue.into(),
+            names.dead_exchange().as_str().into(),
+            routing_key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    Ok(())
+}
+
+/// A quorum retry queue whose messages dead-letter, after `ttl_ms`, to `exchange`
+/// with `routing_key`: the delayed redelivery.
+async fn declare_retry_queue(
+    channel: &Channel,
+    queue: &str,
+    ttl_ms: u64,
+    exchange: &str,
+    routing_key: &str,
+) -> Result<(), MqError> {
+    let mut args = quorum_args();
+    args.insert(
+        "x-message-ttl".into(),
+        AMQPValue::LongLongInt(i64::try_from(ttl_ms).unwrap_or(i64::MAX)),
+    );
+    at_least_once_dead_letter(&mut args, exchange, routing_key);
+    channel.queue_declare(queue.into(), durable(), args).await?;
+    Ok(())
+}
+
 /// Declares the order topology for `shards` shards. Idempotent: declaring again with
 /// the same arguments is a no-op on the broker.
 pub async fn declare_order_topology(
@@ -139,19 +180,7 @@ pub async fn declare_order_topology(
             .await?;
     }
 
-    let dead = names.order_dead_queue();
-    channel
-        .queue_declare(dead.as_str().into(), durable(), quorum_args())
-        .await?;
-    channel
-        .queue_bind(
-            dead.as_str().into(),
-            names.dead_exchange().as_str().into(),
-            DEAD_ROUTING_KEY.into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+    declare_dead_queue(channel, names, &names.order_dead_queue(), DEAD_ROUTING_KEY).await?;
 
     for shard in 0..shards {
         let queue = names.order_queue(shard);
@@ -175,19 +204,14 @@ pub async fn declare_order_topology(
             )
             .await?;
 
-        let mut retry_args = quorum_args();
-        retry_args.insert(
-            "x-message-ttl".into(),
-            AMQPValue::LongLongInt(i64::try_from(retry_delay_ms).unwrap_or(i64::MAX)),
-        );
-        at_least_once_dead_letter(&mut retry_args, &names.orders_exchange(), &routing_key);
-        channel
-            .queue_declare(
-                names.order_retry_queue(shard).as_str().into(),
-                durable(),
-                retry_args,
-            )
-            .await?;
+        declare_retry_queue(
+            channel,
+            &names.order_retry_queue(shard),
+            retry_delay_ms,
+            &names.orders_exchange(),
+            &routing_key,
+        )
+        .await?;
     }
     Ok(())
 }
@@ -199,39 +223,28 @@ pub async fn declare_payment_topology(
     names: &Names,
     retry_delay_ms: u64,
 ) -> Result<(), MqError> {
-    let dead = names.payment_dead_queue();
-    channel
-        .queue_declare(dead.as_str().into(), durable(), quorum_args())
-        .await?;
-    channel
-        .queue_bind(
-            dead.as_str().into(),
-            names.dead_exchange().as_str().into(),
-            PAYMENT_DEAD_ROUTING_KEY.into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
+    declare_dead_queue(
+        channel,
+        names,
+        &names.payment_dead_queue(),
+        PAYMENT_DEAD_ROUTING_KEY,
+    )
+    .await?;
     let queue = names.payment_queue();
     let mut args = quorum_args();
     at_least_once_dead_letter(&mut args, &names.dead_exchange(), PAYMENT_DEAD_ROUTING_KEY);
     channel
         .queue_declare(queue.as_str().into(), durable(), args)
         .await?;
-    let mut retry_args = quorum_args();
-    retry_args.insert(
-        "x-message-ttl".into(),
-        AMQPValue::LongLongInt(i64::try_from(retry_delay_ms).unwrap_or(i64::MAX)),
-    );
     // Back through the default exchange, whose routing key is the queue name.
-    at_least_once_dead_letter(&mut retry_args, "", &queue);
-    channel
-        .queue_declare(
-            names.payment_retry_queue().as_str().into(),
-            durable(),
-            retry_args,
-        )
-        .await?;
+    declare_retry_queue(
+        channel,
+        &names.payment_retry_queue(),
+        retry_delay_ms,
+        "",
+        &queue,
+    )
+    .await?;
     Ok(())
 }
 

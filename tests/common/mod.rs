@@ -411,3 +411,21 @@ pub fn target_of(url: &str, default_port: u16) -> std::net::SocketAddr {
     .parse()
     .unwrap()
 }
+
+/// Redis stock of buckets `0..buckets` of a SKU (a missing key reads as 0).
+pub async fn redis_stocks(
+    redis: &mut ::redis::aio::MultiplexedConnection,
+    keys: &seckill_engine::redis::keys::SkuKeys,
+    buckets: i16,
+) -> Vec<i64> {
+    let mut out = Vec::new();
+    for b in 0..buckets {
+        let v: Option<i64> = ::redis::cmd("GET")
+            .arg(keys.stock(b))
+            .query_async(redis)
+            .await
+            .expect("read Redis stock");
+        out.push(v.unwrap_or(0));
+    }
+    out
+}

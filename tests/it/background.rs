@@ -24,7 +24,9 @@ use tokio_postgres::Client;
 
 use crate::common::builders::{self, order};
 use crate::common::engine::EngineHandle;
-use crate::common::{assert_invariants, count, target_of, wait_until, Switch, TestEnv};
+use crate::common::{
+    assert_invariants, count, redis_stocks, target_of, wait_until, Switch, TestEnv,
+};
 
 const SETTLE: Duration = Duration::from_secs(180);
 
@@ -421,24 +423,8 @@ async fn the_sweeper_returns_expired_stock_and_redis_gets_each_unit_back_once() 
     )
     .await;
 
-    let stock = |redis: &mut ::redis::aio::MultiplexedConnection| {
-        let keys = keys.clone();
-        let mut redis = redis.clone();
-        async move {
-            let mut out = Vec::new();
-            for b in 0..4 {
-                let v: i64 = ::redis::cmd("GET")
-                    .arg(keys.stock(b))
-                    .query_async(&mut redis)
-                    .await
-                    .unwrap();
-                out.push(v);
-            }
-            out
-        }
-    };
     assert_eq!(
-        stock(&mut redis).await,
+        redis_stocks(&mut redis, &keys, 4).await,
         vec![15, 15, 15, 15],
         "each unit given back once"
     );
@@ -458,7 +444,7 @@ async fn the_sweeper_returns_expired_stock_and_redis_gets_each_unit_back_once() 
     .await;
     engine.stop().await;
     assert_eq!(
-        stock(&mut redis).await,
+        redis_stocks(&mut redis, &keys, 4).await,
         vec![15, 15, 15, 15],
         "a second run changes nothing"
     );
@@ -713,7 +699,7 @@ async fn redis_give_backs_wait_while_redis_is_down_and_run_once_when_it_returns(
             <= 8
     );
     assert_eq!(
-        get_stock(&mut redis, &keys).await,
+        redis_stocks(&mut redis, &keys, 1).await[0],
         10,
         "nothing given back yet"
     );
@@ -729,7 +715,7 @@ async fn redis_give_backs_wait_while_redis_is_down_and_run_once_when_it_returns(
         .send(seckill_engine::actors::maintenance::StopChild)
         .await;
     assert_eq!(
-        get_stock(&mut redis, &keys).await,
+        redis_stocks(&mut redis, &keys, 1).await[0],
         15,
         "each rejected unit given back once"
     );
@@ -742,14 +728,6 @@ async fn redis_give_backs_wait_while_redis_is_down_and_run_once_when_it_returns(
         0
     );
     env.cleanup().await;
-}
-
-async fn get_stock(redis: &mut ::redis::aio::MultiplexedConnection, keys: &SkuKeys) -> i64 {
-    ::redis::cmd("GET")
-        .arg(keys.stock(0))
-        .query_async(redis)
-        .await
-        .unwrap()
 }
 
 #[actix_rt::test]

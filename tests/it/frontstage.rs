@@ -17,28 +17,7 @@ use uuid::Uuid;
 
 use crate::common::builders;
 use crate::common::engine::EngineHandle;
-use crate::common::{assert_invariants, count, wait_until, TestEnv};
-
-async fn get_int(redis: &mut ::redis::aio::MultiplexedConnection, key: &str) -> i64 {
-    ::redis::cmd("GET")
-        .arg(key)
-        .query_async::<Option<i64>>(redis)
-        .await
-        .unwrap()
-        .unwrap_or(0)
-}
-
-async fn stocks(
-    redis: &mut ::redis::aio::MultiplexedConnection,
-    keys: &SkuKeys,
-    buckets: i16,
-) -> Vec<i64> {
-    let mut out = Vec::new();
-    for b in 0..buckets {
-        out.push(get_int(redis, &keys.stock(b)).await);
-    }
-    out
-}
+use crate::common::{assert_invariants, count, redis_stocks, wait_until, TestEnv};
 
 #[tokio::test]
 async fn the_reserve_script_sells_exactly_the_stock_to_distinct_users() {
@@ -94,7 +73,7 @@ async fn the_reserve_script_sells_exactly_the_stock_to_distinct_users() {
     );
     assert!(winners.values().all(|n| *n == 1), "no user twice");
     assert_eq!(sold_out + duplicate + 100, 1_000);
-    let left = stocks(&mut redis, &keys, 8).await;
+    let left = redis_stocks(&mut redis, &keys, 8).await;
     assert_eq!(
         left,
         vec![0; 8],
@@ -195,6 +174,15 @@ impl Front {
         )
     }
 
+    /// Waits (60 s at most) until the reservation reads `status`.
+    async fn reaches(&self, reservation: &str, status: &str) -> bool {
+        let path = format!("/v1/reservations/{reservation}");
+        wait_until(Duration::from_secs(60), || async {
+            self.get(&path).await.1["status"] == status
+        })
+        .await
+    }
+
     async fn reserve(&self, activity: i64, user: i64, request: Uuid) -> (u16, Value) {
         self.post(
             &format!("/v1/activities/{activity}/skus/1/reservations"),
@@ -254,16 +242,7 @@ async fn the_http_front_stage_queues_orders_and_reports_every_state() {
     assert_eq!(status, 404);
 
     let reservation = first["reservation_id"].as_str().unwrap().to_owned();
-    assert!(
-        wait_until(Duration::from_secs(60), || async {
-            front
-                .get(&format!("/v1/reservations/{reservation}"))
-                .await
-                .1["status"]
-                == "ORDERED"
-        })
-        .await
-    );
+    assert!(front.reaches(&reservation, "ORDERED").await);
     let (_, ordered) = front.get(&format!("/v1/reservations/{reservation}")).await;
     assert_eq!(ordered["order_id"], first["order_id"]);
     assert_eq!(ordered["order_no"], first["order_no"]);
@@ -278,12 +257,7 @@ async fn the_http_front_stage_queues_orders_and_reports_every_state() {
     );
 
     let rejected = third["reservation_id"].as_str().unwrap().to_owned();
-    assert!(
-        wait_until(Duration::from_secs(60), || async {
-            front.get(&format!("/v1/reservations/{rejected}")).await.1["status"] == "REJECTED"
-        })
-        .await
-    );
+    assert!(front.reaches(&rejected, "REJECTED").await);
     let (_, r) = front.get(&format!("/v1/reservations/{rejected}")).await;
     assert_eq!(r["reason"], "POSTGRES_SOLD_OUT");
     let (status, _) = front
@@ -298,16 +272,7 @@ async fn the_http_front_stage_queues_orders_and_reports_every_state() {
     )
     .await
     .unwrap();
-    assert!(
-        wait_until(Duration::from_secs(60), || async {
-            front
-                .get(&format!("/v1/reservations/{reservation}"))
-                .await
-                .1["status"]
-                == "RELEASED"
-        })
-        .await
-    );
+    assert!(front.reaches(&reservation, "RELEASED").await);
     let (_, order) = front
         .get(&format!("/v1/orders/{}", first["order_id"]))
         .await;
@@ -350,7 +315,7 @@ async fn a_failed_publish_gives_the_reservation_back_and_answers_503() {
     assert_eq!(status, 503, "{body}");
     assert_eq!(body["status"], "UNAVAILABLE");
     assert_eq!(
-        stocks(&mut redis, &keys, 1).await,
+        redis_stocks(&mut redis, &keys, 1).await,
         vec![5],
         "the unit is back"
     );
@@ -386,10 +351,9 @@ async fn a_failed_publish_gives_the_reservation_back_and_answers_503() {
     assert_eq!(front.get(&path).await.1["status"], "QUEUED");
     let engine = EngineHandle::start(&env.settings).await;
     assert!(
-        wait_until(Duration::from_secs(60), || async {
-            front.get(&path).await.1["status"] == "ORDERED"
-        })
-        .await
+        front
+            .reaches(body["reservation_id"].as_str().unwrap(), "ORDERED")
+            .await
     );
     handle.stop(true).await;
     engine.stop().await;
@@ -425,7 +389,10 @@ async fn reconciliation_gives_an_orphaned_reservation_back_exactly_once() {
     .await
     .unwrap();
     assert!(matches!(r, Reserved::Ok { .. }));
-    assert_eq!(stocks(&mut redis, &keys, 2).await.iter().sum::<i64>(), 9);
+    assert_eq!(
+        redis_stocks(&mut redis, &keys, 2).await.iter().sum::<i64>(),
+        9
+    );
 
     let engine = EngineHandle::start(&env.settings).await;
     let pending = keys.pending();
@@ -446,7 +413,7 @@ async fn reconciliation_gives_an_orphaned_reservation_back_exactly_once() {
     );
     engine.stop().await;
     assert_eq!(
-        stocks(&mut redis, &keys, 2).await.iter().sum::<i64>(),
+        redis_stocks(&mut redis, &keys, 2).await.iter().sum::<i64>(),
         10,
         "given back"
     );
@@ -458,7 +425,10 @@ async fn reconciliation_gives_an_orphaned_reservation_back_exactly_once() {
         .await
         .unwrap();
     assert!(!again && !again_other);
-    assert_eq!(stocks(&mut redis, &keys, 2).await.iter().sum::<i64>(), 10);
+    assert_eq!(
+        redis_stocks(&mut redis, &keys, 2).await.iter().sum::<i64>(),
+        10
+    );
     assert_eq!(
         count(&db, "SELECT count(*) FROM inventory_reservation").await,
         0
