@@ -15,7 +15,6 @@ use chrono::{TimeDelta, Utc};
 use clap::{Args, ValueEnum};
 use futures_util::stream::{self, StreamExt};
 use indicatif::{ProgressBar, ProgressStyle};
-use lapin::BasicProperties;
 use rand::seq::SliceRandom;
 use rand::Rng;
 use serde::Serialize;
@@ -354,8 +353,7 @@ async fn drive_amqp(
                     m.reserved_at = Utc::now();
                     serde_json::to_vec(&m).unwrap_or_default()
                 });
-                let props = BasicProperties::default()
-                    .with_message_id(m.message_id.to_string().as_str().into());
+                let props = crate::mq::message_properties(&m.message_id.to_string());
                 if publisher
                     .publish(exchange, &Names::order_routing_key(shard), body, props)
                     .await
@@ -368,7 +366,7 @@ async fn drive_amqp(
         })
         .await;
     bar.finish_and_clear();
-    let _ = conn.close(200, "bench done".into()).await;
+    crate::mq::close(&conn, &[publisher.channel()]).await;
     let failed = failures.load(Ordering::Relaxed);
     let mut counts = BTreeMap::new();
     counts.insert("published".to_owned(), (msgs.len() + extra) as u64 - failed);

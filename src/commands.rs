@@ -148,9 +148,14 @@ async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
         .context("starting the front stage")?;
     let http = front.server.handle();
     actix_rt::spawn(front.server);
-    let admin = crate::http::admin::start(&settings, engine.pool().clone(), engine.intake_stats())
-        .await
-        .context("starting the admin endpoints")?;
+    let admin = crate::http::admin::start(
+        &settings,
+        engine.pool().clone(),
+        engine.intake_stats(),
+        engine.readiness(),
+    )
+    .await
+    .context("starting the admin endpoints")?;
     let admin_handle = admin.server.handle();
     actix_rt::spawn(admin.server);
     tokio::select! {

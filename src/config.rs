@@ -61,6 +61,9 @@ pub struct ShutdownSettings {
 #[serde(deny_unknown_fields)]
 pub struct AdminSettings {
     pub addr: String,
+    /// Bearer token for the `/admin/*` operations; without one they are off (404).
+    #[serde(default)]
+    pub token: Option<SecretString>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -172,6 +175,9 @@ pub enum LogFormat {
 pub struct TelemetrySettings {
     pub format: LogFormat,
     pub level: String,
+    /// How often the gauges read from PostgreSQL and RabbitMQ (outbox and
+    /// compensation backlog, dead-letter depth, pool state) are refreshed.
+    pub sample_interval_ms: u64,
 }
 
 /// Where every value may come from, in increasing priority.
@@ -258,6 +264,10 @@ impl Settings {
                 "supervisor.restart_base_ms",
                 self.supervisor.restart_base_ms,
             ),
+            (
+                "telemetry.sample_interval_ms",
+                self.telemetry.sample_interval_ms,
+            ),
         ] {
             if value == 0 {
                 return Err(invalid(key, "must be greater than 0".into()));
@@ -323,6 +333,15 @@ impl Settings {
         ] {
             addr.parse::<SocketAddr>()
                 .map_err(|e| invalid(key, format!("not a socket address: {e}")))?;
+        }
+        if let Some(token) = &self.admin.token {
+            // Short tokens can be guessed; the admin API can replay and retry work.
+            if token.expose_secret().len() < 16 {
+                return Err(invalid(
+                    "admin.token",
+                    "must be at least 16 characters".into(),
+                ));
+            }
         }
         tracing_subscriber::EnvFilter::try_new(&self.telemetry.level)
             .map_err(|e| invalid("telemetry.level", format!("not a log filter: {e}")))?;

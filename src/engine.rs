@@ -14,6 +14,7 @@ use uuid::Uuid;
 use crate::actors::bucket::{BucketActor, BucketKey, BucketShared};
 use crate::actors::compensation_worker::{CompensationConfig, CompensationWorker};
 use crate::actors::db_permits::DbPermits;
+use crate::actors::gauges::GaugeSampler;
 use crate::actors::intake::{
     Intake, IntakeConfig, IntakeRoutes, IntakeStats, IntakeWork, OrderWork, PaymentWork,
 };
@@ -53,6 +54,7 @@ impl From<lapin::Error> for EngineError {
 pub struct Engine {
     pool: Pool,
     stats: Arc<IntakeStats>,
+    readiness: Arc<Readiness>,
     supervisor: Addr<Supervisor>,
     grace: Duration,
 }
@@ -70,7 +72,7 @@ impl Engine {
         let amqp = mq::connect(&settings.amqp, "seckill-engine-setup").await?;
         let setup = amqp.create_channel().await?;
         declare_topology(&setup, &settings.amqp).await?;
-        let _ = amqp.close(200, "topology declared".into()).await;
+        mq::close(&amqp, &[&setup]).await;
         let names = Names::new(&settings.amqp.namespace);
 
         let permits = DbPermits::new(settings.db_permits()).start();
@@ -166,6 +168,7 @@ impl Engine {
         Ok(Engine {
             pool,
             stats,
+            readiness,
             supervisor,
             grace: Duration::from_millis(settings.shutdown.grace_ms),
         })
@@ -178,6 +181,11 @@ impl Engine {
     /// Deliveries received and not yet settled, across all intakes.
     pub fn intake_stats(&self) -> Arc<IntakeStats> {
         self.stats.clone()
+    }
+
+    /// The flag the intakes follow (readiness and the operator's pause).
+    pub fn readiness(&self) -> Arc<Readiness> {
+        self.readiness.clone()
     }
 
     /// Drains: consumers are cancelled at once, the deliveries already taken get
@@ -243,8 +251,8 @@ impl IntakeStarter<'_> {
     }
 }
 
-/// The supervisor with the outbox publisher, the sweeper, the compensation worker
-/// and the reconciler of Redis reservations.
+/// The supervisor with the outbox publisher, the sweeper, the compensation worker,
+/// the reconciler of Redis reservations and the gauge sampler.
 pub fn background_services(settings: &Settings, pool: &Pool) -> Supervisor {
     let ids = Rc::new(IdGenerator::new(settings.engine.node_id));
     let outbox = {
@@ -264,6 +272,11 @@ pub fn background_services(settings: &Settings, pool: &Pool) -> Supervisor {
             CompensationWorker::new(pool.clone(), redis.clone(), amqp.clone(), config.clone())
         })
     };
+    let gauges = {
+        let (pool, amqp) = (pool.clone(), settings.amqp.clone());
+        let interval = Duration::from_millis(settings.telemetry.sample_interval_ms);
+        child(move || GaugeSampler::new(pool.clone(), amqp.clone(), interval))
+    };
     let reconciler = {
         let (pool, redis) = (pool.clone(), settings.redis.clone());
         let interval = Duration::from_millis(settings.frontstage.reconcile_interval_ms);
@@ -278,6 +291,7 @@ pub fn background_services(settings: &Settings, pool: &Pool) -> Supervisor {
     .child(Sweeper::NAME, sweeper)
     .child(CompensationWorker::NAME, compensation)
     .child(Reconciler::NAME, reconciler)
+    .child(GaugeSampler::NAME, gauges)
 }
 
 /// A supervisor child that runs a fresh service from `make` on every (re)start.

@@ -10,7 +10,7 @@ use actix::prelude::*;
 
 use crate::domain::ids::IdGenerator;
 use crate::domain::message::OrderCreateMessage;
-use crate::domain::outcome::{ErrorClass, OrderOutcome};
+use crate::domain::outcome::{ErrorClass, OrderOutcome, ResultCode};
 use crate::store::orders::{create_order, load_bucket_sku, OrderTxContext};
 use crate::store::{Pool, StoreError};
 
@@ -83,31 +83,50 @@ impl Handler<RunOrder> for BucketActor {
         let work = async move {
             let started = Instant::now();
             let result = run_order(&shared, key, cached, &run).await;
-            let elapsed = started.elapsed().as_secs_f64();
+            let elapsed = started.elapsed();
+            let msg = &run.msg;
+            // The fields of seed §12.1; DEBUG, since it is one line per message.
             match &result {
-                Ok((outcome, _)) => {
+                Ok(done) => {
+                    let outcome = &done.outcome;
                     metrics::histogram!("seckill_order_tx_duration_seconds", "outcome" => outcome.label())
-                        .record(elapsed);
+                        .record(elapsed.as_secs_f64());
+                    tracing::debug!(
+                        request_id = %msg.request_id, reservation_id = %msg.reservation_id,
+                        message_id = %msg.message_id, order_id = outcome.order_id,
+                        activity_id = key.activity_id, sku_id = key.sku_id, user_id = msg.user_id,
+                        bucket = key.bucket, consumer_group = %shared.consumer_group,
+                        attempt = done.attempts,
+                        // The conditional stock UPDATE took a unit exactly when the
+                        // message created its order.
+                        affected_rows = u8::from(outcome.code == ResultCode::OrderCreated && !outcome.duplicate),
+                        db_duration_ms = elapsed.as_millis() as u64,
+                        pool_acquire_ms = done.pool_acquire.as_millis() as u64,
+                        commit_result = outcome.label(),
+                        "order transaction committed"
+                    );
                 }
                 Err(e) => {
                     tracing::debug!(
-                        message_id = %run.msg.message_id,
-                        reservation_id = %run.msg.reservation_id,
-                        activity_id = key.activity_id, sku_id = key.sku_id, bucket = key.bucket,
-                        sqlstate = e.sqlstate(), error = %e,
+                        request_id = %msg.request_id, reservation_id = %msg.reservation_id,
+                        message_id = %msg.message_id, activity_id = key.activity_id,
+                        sku_id = key.sku_id, user_id = msg.user_id, bucket = key.bucket,
+                        consumer_group = %shared.consumer_group, sqlstate = e.sqlstate(),
+                        db_duration_ms = elapsed.as_millis() as u64,
+                        commit_result = e.class().label(), error = %e,
                         "order transaction failed"
                     );
                     metrics::histogram!("seckill_order_tx_duration_seconds", "outcome" => "error")
-                        .record(elapsed);
+                        .record(elapsed.as_secs_f64());
                 }
             }
             result
         };
         AtomicResponse::new(Box::pin(work.into_actor(self).map(
             |result, actor, _| match result {
-                Ok((outcome, title)) => {
-                    actor.sku_title = Some(title);
-                    Ok(outcome)
+                Ok(done) => {
+                    actor.sku_title = Some(done.sku_title);
+                    Ok(done.outcome)
                 }
                 Err(e) => Err(e.class()),
             },
@@ -115,15 +134,24 @@ impl Handler<RunOrder> for BucketActor {
     }
 }
 
+/// A committed order transaction and what it cost.
+struct Done {
+    outcome: OrderOutcome,
+    sku_title: String,
+    attempts: u32,
+    pool_acquire: std::time::Duration,
+}
+
 async fn run_order(
     shared: &BucketShared,
     key: BucketKey,
     cached_title: Option<String>,
     run: &RunOrder,
-) -> Result<(OrderOutcome, String), StoreError> {
+) -> Result<Done, StoreError> {
     let acquire = Instant::now();
     let mut conn = shared.pool.get().await?;
-    metrics::histogram!("seckill_db_pool_acquire_seconds").record(acquire.elapsed().as_secs_f64());
+    let pool_acquire = acquire.elapsed();
+    metrics::histogram!("seckill_db_pool_acquire_seconds").record(pool_acquire.as_secs_f64());
     let title = match cached_title {
         Some(title) => title,
         None => load_bucket_sku(&mut conn, key.activity_id, key.sku_id, key.bucket)
@@ -144,6 +172,11 @@ async fn run_order(
         statement_timeout: shared.statement_timeout.clone(),
         max_attempts: shared.max_attempts,
     };
-    let outcome = create_order(&mut conn, &ctx, &run.msg).await?;
-    Ok((outcome, title))
+    let (outcome, attempts) = create_order(&mut conn, &ctx, &run.msg).await?;
+    Ok(Done {
+        outcome,
+        sku_title: title,
+        attempts,
+        pool_acquire,
+    })
 }

@@ -30,7 +30,10 @@ use crate::domain::outcome::{disposition, Disposition, ErrorClass};
 use crate::domain::payment::PaymentCallback;
 use crate::mq::publisher::ConfirmedPublisher;
 use crate::mq::topology::declare_topology;
-use crate::mq::{self, MqError};
+use crate::mq::{
+    self, MqError, DEAD_AT_HEADER, DEAD_KIND_HEADER, DEAD_QUEUE_HEADER, DEAD_REASON_HEADER,
+    RETRIES_HEADER,
+};
 use crate::store::payments::apply_callback;
 
 /// The queue-specific part of an intake.
@@ -86,13 +89,6 @@ impl IntakeWork for OrderWork {
 
 /// How often an intake looks at the readiness flag.
 const READINESS_POLL: std::time::Duration = std::time::Duration::from_millis(250);
-
-/// Header carrying how many delayed retries a message has had.
-pub const RETRIES_HEADER: &str = "x-seckill-retries";
-/// Header carrying why a message was dead-lettered.
-pub const DEAD_REASON_HEADER: &str = "x-seckill-dead-reason";
-/// Header carrying the short kind of the dead-letter reason.
-pub const DEAD_KIND_HEADER: &str = "x-seckill-dead-kind";
 
 /// Where an intake sends what it cannot ack.
 #[derive(Clone)]
@@ -267,18 +263,19 @@ impl<W: IntakeWork> Intake<W> {
         }
     }
 
-    /// Cancels the consumer while the engine is not ready; consumes again once it is.
+    /// Cancels the consumer while the engine is not ready or paused by an operator;
+    /// consumes again once it is ready and resumed.
     fn follow_readiness(&mut self, ctx: &mut Context<Self>) {
         if self.stopping || self.resuming {
             return;
         }
         let Some(link) = &self.link else { return };
-        let ready = self.readiness.is_ready();
+        let ready = self.readiness.accepting();
         if !ready && !self.paused {
             self.paused = true;
             self.cancelled_streams += 1;
             let (channel, tag) = (link.channel.clone(), link.consumer_tag.clone());
-            tracing::info!(queue = %self.config.routes.queue, "not ready: consumer cancelled");
+            tracing::info!(queue = %self.config.routes.queue, operator_pause = self.readiness.is_paused(), "consumer cancelled");
             actix::spawn(async move {
                 let _ = channel
                     .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
@@ -311,7 +308,7 @@ impl<W: IntakeWork> Intake<W> {
                                 link.consumer_tag = tag;
                             }
                             ctx.add_stream(consumer);
-                            tracing::info!(queue = %intake.config.routes.queue, "ready again: consuming");
+                            tracing::info!(queue = %intake.config.routes.queue, "consuming again");
                         }
                         Err(e) => {
                             tracing::warn!(queue = %intake.config.routes.queue, error = %e, "could not consume again");
@@ -413,13 +410,14 @@ impl<W: IntakeWork> Handler<StopChild> for Intake<W> {
         if let Some(link) = &self.link {
             let (channel, tag) = (link.channel.clone(), link.consumer_tag.clone());
             let connection = link.connection.clone();
+            let confirms = link.publisher.channel().clone();
             let (stats, grace) = (self.stats.clone(), self.config.grace);
             actix::spawn(async move {
                 let _ = channel
                     .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
                     .await;
                 stats.drained(grace).await;
-                let _ = connection.close(200, "intake stopping".into()).await;
+                mq::close(&connection, &[&channel, &confirms]).await;
             });
         }
         ctx.stop();
@@ -444,10 +442,13 @@ impl<W: IntakeWork> StreamHandler<Result<Delivery, lapin::Error>> for Intake<W> 
         };
         let publisher = link.publisher.clone();
         metrics::counter!("seckill_intake_messages_total", "kind" => W::KIND).increment(1);
+        observe_age(W::KIND, &delivery.properties);
         let in_flight = self.stats.enter();
         let msg = match self.work.decode(&delivery.data) {
             Ok(msg) => msg,
             Err(reason) => {
+                metrics::counter!("seckill_intake_decode_errors_total", "kind" => reason.kind)
+                    .increment(1);
                 let routes = self.config.routes.clone();
                 actix::spawn(async move {
                     dead_letter(&publisher, &routes, delivery, &reason, in_flight).await;
@@ -545,16 +546,17 @@ async fn ack(delivery: &Delivery, routes: &IntakeRoutes, in_flight: InFlight) {
 }
 
 fn retries_of(delivery: &Delivery) -> u32 {
-    let value = delivery
-        .properties
-        .headers()
-        .as_ref()
-        .and_then(|h| h.inner().get(RETRIES_HEADER).cloned());
-    match value {
-        Some(AMQPValue::LongLongInt(n)) => u32::try_from(n).unwrap_or(u32::MAX),
-        Some(AMQPValue::LongInt(n)) => u32::try_from(n).unwrap_or(u32::MAX),
-        Some(AMQPValue::LongUInt(n)) => n,
-        _ => 0,
+    mq::int_header(&delivery.properties, RETRIES_HEADER)
+        .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
+}
+
+/// Records how long the message waited between its publisher and us, when the
+/// publisher said when it published.
+fn observe_age(kind: &'static str, props: &BasicProperties) {
+    if let Some(published) = mq::int_header(props, mq::PUBLISHED_AT_HEADER) {
+        let age_ms = (mq::unix_millis() - published).max(0);
+        metrics::histogram!("seckill_intake_message_age_seconds", "kind" => kind)
+            .record(age_ms as f64 / 1000.0);
     }
 }
 
@@ -650,6 +652,11 @@ async fn dead_letter(
                 DEAD_KIND_HEADER,
                 AMQPValue::LongString(LongString::from(reason.kind.as_bytes().to_vec())),
             ),
+            (
+                DEAD_QUEUE_HEADER,
+                AMQPValue::LongString(LongString::from(routes.queue.as_bytes().to_vec())),
+            ),
+            (DEAD_AT_HEADER, AMQPValue::LongLongInt(mq::unix_millis())),
         ],
     );
     match publisher

@@ -4,6 +4,7 @@
 pub mod bucket;
 pub mod compensation_worker;
 pub mod db_permits;
+pub mod gauges;
 pub mod intake;
 pub mod maintenance;
 pub mod outbox_publisher;

@@ -16,15 +16,19 @@ use crate::config::RedisSettings;
 use crate::store::Pool;
 
 /// The shared answer; starts ready (the engine checked everything while starting).
+/// An operator may also pause intake (admin API); the intakes consume only while
+/// the engine is ready and not paused.
 #[derive(Debug)]
 pub struct Readiness {
     ready: AtomicBool,
+    paused: AtomicBool,
 }
 
 impl Default for Readiness {
     fn default() -> Self {
         Self {
             ready: AtomicBool::new(true),
+            paused: AtomicBool::new(false),
         }
     }
 }
@@ -32,6 +36,18 @@ impl Default for Readiness {
 impl Readiness {
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
+    }
+    pub fn is_paused(&self) -> bool {
+        self.paused.load(Ordering::Relaxed)
+    }
+    /// Sets the operator's pause; returns the previous value.
+    pub fn set_paused(&self, paused: bool) -> bool {
+        metrics::gauge!("seckill_intake_paused").set(if paused { 1.0 } else { 0.0 });
+        self.paused.swap(paused, Ordering::Relaxed)
+    }
+    /// Whether the intakes should consume now.
+    pub fn accepting(&self) -> bool {
+        self.is_ready() && !self.is_paused()
     }
 }
 
@@ -87,10 +103,12 @@ impl Service for ReadinessMonitor {
             );
             let redis = async {
                 let mut conn = crate::redis::connect(&inner.redis).await.ok()?;
-                ::redis::cmd("PING")
-                    .query_async::<String>(&mut conn)
-                    .await
-                    .ok()
+                crate::redis::timed(
+                    "ping",
+                    ::redis::cmd("PING").query_async::<String>(&mut conn),
+                )
+                .await
+                .ok()
             };
             let redis_up = matches!(
                 tokio::time::timeout(CHECK_TIMEOUT, redis).await,

@@ -58,15 +58,15 @@ impl Service for Reconciler {
             let (mut given_back, mut confirmed, mut more) = (0u64, 0u64, false);
             for sku in skus {
                 let keys = SkuKeys::new(&inner.redis.key_prefix, sku.get(0), sku.get(1));
-                let members: Vec<String> = ::redis::cmd("ZRANGEBYSCORE")
-                    .arg(keys.pending())
+                let mut due = ::redis::cmd("ZRANGEBYSCORE");
+                due.arg(keys.pending())
                     .arg("-inf")
                     .arg(Utc::now().timestamp_millis())
                     .arg("LIMIT")
                     .arg(0)
-                    .arg(inner.batch)
-                    .query_async(&mut redis)
-                    .await?;
+                    .arg(inner.batch);
+                let members: Vec<String> =
+                    crate::redis::timed("zrangebyscore", due.query_async(&mut redis)).await?;
                 more |= members.len() as isize >= inner.batch;
                 let parsed: Vec<(Uuid, i64, i16, &String)> = members
                     .iter()
@@ -90,11 +90,10 @@ impl Service for Reconciler {
                     .collect();
                 for (reservation_id, user_id, bucket, member) in parsed {
                     if known.contains(&reservation_id) {
-                        let _: () = ::redis::cmd("ZREM")
-                            .arg(keys.pending())
-                            .arg(member)
-                            .query_async(&mut redis)
-                            .await?;
+                        let mut forget = ::redis::cmd("ZREM");
+                        forget.arg(keys.pending()).arg(member);
+                        let _: () =
+                            crate::redis::timed("zrem", forget.query_async(&mut redis)).await?;
                         confirmed += 1;
                     } else if scripts::give_back(
                         &mut redis,

@@ -19,6 +19,10 @@ pub struct Registry<K, A: Actor> {
     kind: &'static str,
     actors: HashMap<K, Entry<A>>,
     spawn: Spawn<K, A>,
+    /// Messages routed and not yet answered, over all actors (their mailboxes plus
+    /// the one each is working on), and the deepest single mailbox.
+    depth: usize,
+    max_depth: usize,
 }
 
 struct Entry<A: Actor> {
@@ -46,7 +50,15 @@ impl<K, A: Actor> Registry<K, A> {
             kind,
             actors: HashMap::new(),
             spawn: Box::new(spawn),
+            depth: 0,
+            max_depth: 0,
         }
+    }
+
+    fn publish_depth(&self) {
+        metrics::gauge!("seckill_mailbox_depth", "kind" => self.kind).set(self.depth as f64);
+        metrics::gauge!("seckill_mailbox_depth_max", "kind" => self.kind)
+            .set(self.max_depth as f64);
     }
 }
 
@@ -72,14 +84,28 @@ where
             in_flight: 0,
         });
         entry.in_flight += 1;
+        self.depth += 1;
+        self.max_depth = self.max_depth.max(entry.in_flight);
         let reply = entry.addr.send(msg);
         metrics::gauge!("seckill_live_actors", "kind" => self.kind).set(self.actors.len() as f64);
+        self.publish_depth();
         Box::pin(reply.into_actor(self).map(move |result, registry, _| {
             if let Some(entry) = registry.actors.get_mut(&key) {
+                let was = entry.in_flight;
                 entry.in_flight -= 1;
                 if entry.in_flight == 0 {
                     registry.actors.remove(&key);
                 }
+                registry.depth -= 1;
+                if was == registry.max_depth {
+                    registry.max_depth = registry
+                        .actors
+                        .values()
+                        .map(|e| e.in_flight)
+                        .max()
+                        .unwrap_or(0);
+                }
+                registry.publish_depth();
             }
             result
         }))

@@ -105,6 +105,17 @@ pub enum ErrorClass {
     Fatal(String),
 }
 
+impl ErrorClass {
+    /// Log label (the `commit_result` of a failed transaction).
+    pub fn label(&self) -> &'static str {
+        match self {
+            ErrorClass::Transient(_) => "rolled_back_transient",
+            ErrorClass::CommitOutcomeUnknown => "unknown",
+            ErrorClass::Fatal(_) => "rolled_back_fatal",
+        }
+    }
+}
+
 /// Classifies a PostgreSQL SQLSTATE of an error raised before or at COMMIT.
 pub fn classify_sqlstate(code: &str) -> ErrorClass {
     match code {

@@ -1,13 +1,16 @@
-//! The admin listener (`admin.addr`): liveness, readiness and Prometheus metrics, kept
-//! apart from the front stage so that probes and scrapes never queue behind buyers.
+//! The admin listener (`admin.addr`): liveness, readiness and Prometheus metrics, and
+//! the token-guarded operator API (`super::operations`), kept apart from the front
+//! stage so that probes, scrapes and operators never queue behind buyers.
 
 use std::sync::Arc;
 
 use actix_web::{web, App, HttpResponse, HttpServer};
 use serde_json::json;
 
+use super::operations::Operations;
 use super::{HttpError, Running};
 use crate::actors::intake::IntakeStats;
+use crate::actors::readiness::Readiness;
 use crate::config::{RedisSettings, Settings};
 use crate::store::{migrate, Pool};
 
@@ -16,6 +19,7 @@ pub struct Admin {
     pool: Pool,
     redis: RedisSettings,
     intakes: Arc<IntakeStats>,
+    readiness: Arc<Readiness>,
     expected_intakes: usize,
 }
 
@@ -23,20 +27,32 @@ pub async fn start(
     settings: &Settings,
     pool: Pool,
     intakes: Arc<IntakeStats>,
+    readiness: Arc<Readiness>,
 ) -> Result<Running, HttpError> {
+    let operations = web::Data::new(Operations {
+        token: settings.admin.token.clone(),
+        pool: pool.clone(),
+        amqp: settings.amqp.clone(),
+        readiness: readiness.clone(),
+        intakes: intakes.clone(),
+    });
     let state = web::Data::new(Admin {
         pool,
         redis: settings.redis.clone(),
         intakes,
+        readiness,
         expected_intakes: settings.owned_shards().len() + 1,
     });
     crate::telemetry::metrics();
     let server = HttpServer::new(move || {
         App::new()
             .app_data(state.clone())
+            .app_data(operations.clone())
+            .app_data(web::JsonConfig::default().limit(4096))
             .route("/livez", web::get().to(livez))
             .route("/readyz", web::get().to(readyz))
             .route("/metrics", web::get().to(metrics))
+            .configure(super::operations::routes)
     })
     .workers(1)
     .disable_signals()
@@ -83,7 +99,9 @@ async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
         }
     }
     let consuming = admin.intakes.consuming();
-    if consuming < admin.expected_intakes {
+    if admin.readiness.is_paused() {
+        failing.insert("intake".into(), json!("paused by an operator"));
+    } else if consuming < admin.expected_intakes {
         failing.insert(
             "rabbitmq".into(),
             json!(format!(
@@ -94,7 +112,11 @@ async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
     }
     let redis = async {
         let mut conn = crate::redis::connect(&admin.redis).await?;
-        ::redis::cmd("PING").query_async::<String>(&mut conn).await
+        crate::redis::timed(
+            "ping",
+            ::redis::cmd("PING").query_async::<String>(&mut conn),
+        )
+        .await
     };
     if let Err(e) = redis.await {
         failing.insert("redis".into(), json!(e.to_string()));

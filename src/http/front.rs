@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use actix_web::{web, HttpResponse};
 use chrono::{DateTime, TimeDelta, Utc};
-use lapin::BasicProperties;
 use serde::Deserialize;
 use serde_json::json;
 use uuid::Uuid;
@@ -261,23 +260,22 @@ async fn reserve(
             front.marker_ttl_secs,
         )
         .await;
-        let forgot: Result<(), _> = ::redis::cmd("DEL")
-            .arg(keys.request(&req.request_id))
-            .query_async(&mut redis)
-            .await;
+        let mut forget = ::redis::cmd("DEL");
+        forget.arg(keys.request(&req.request_id));
+        let forgot: Result<(), _> =
+            crate::redis::timed("del", forget.query_async(&mut redis)).await;
         if given_back.is_err() || forgot.is_err() {
             tracing::error!(%reservation_id, "could not give a failed reservation back to Redis; reconciliation will");
         }
         return unavailable("order queue unavailable, reservation released; try again");
     }
     // Lets the status query tell a queued reservation from an unknown one.
-    let _: Result<(), _> = ::redis::cmd("SET")
-        .arg(queued_key(&front.key_prefix, &reservation_id))
+    let mut mark = ::redis::cmd("SET");
+    mark.arg(queued_key(&front.key_prefix, &reservation_id))
         .arg(format!("{activity_id}:{sku_id}"))
         .arg("PX")
-        .arg(ttl_ms.saturating_mul(2))
-        .query_async(&mut redis)
-        .await;
+        .arg(ttl_ms.saturating_mul(2));
+    let _: Result<(), _> = crate::redis::timed("set", mark.query_async(&mut redis)).await;
     accepted(&answer)
 }
 
@@ -298,9 +296,7 @@ async fn publish(front: &FrontStage, msg: &OrderCreateMessage) -> Result<(), Str
         &exchange,
         &routing_key,
         &body,
-        BasicProperties::default()
-            .with_message_id(msg.message_id.to_string().as_str().into())
-            .with_content_type("application/json".into()),
+        crate::mq::message_properties(&msg.message_id.to_string()),
     );
     match tokio::time::timeout(Duration::from_secs(5), publish).await {
         Ok(result) => result.map_err(|e| e.to_string()),
@@ -341,9 +337,9 @@ async fn reservation(front: web::Data<FrontStage>, path: web::Path<Uuid>) -> Htt
         });
     }
     let mut redis = front.redis.clone();
-    let queued: Option<String> = ::redis::cmd("GET")
-        .arg(queued_key(&front.key_prefix, &reservation_id))
-        .query_async(&mut redis)
+    let mut lookup = ::redis::cmd("GET");
+    lookup.arg(queued_key(&front.key_prefix, &reservation_id));
+    let queued: Option<String> = crate::redis::timed("get", lookup.query_async(&mut redis))
         .await
         .unwrap_or(None);
     match queued {

@@ -1,8 +1,9 @@
 //! HTTP: the front stage (reservations and status queries) on `http.addr`, and the
-//! admin endpoints (liveness, readiness, metrics) on `admin.addr`.
+//! admin endpoints (liveness, readiness, metrics, operator API) on `admin.addr`.
 
 pub mod admin;
 pub mod front;
+pub mod operations;
 
 use std::net::SocketAddr;
 

@@ -1,6 +1,7 @@
 //! RabbitMQ: connections, the topology the engine declares, and a publisher that waits
 //! for broker confirms.
 
+pub mod dead_letters;
 pub mod publisher;
 pub mod topology;
 
@@ -26,4 +27,77 @@ pub enum MqError {
 pub async fn connect(settings: &AmqpSettings, name: &str) -> Result<Connection, MqError> {
     let props = ConnectionProperties::default().with_connection_name(name.into());
     Ok(Connection::connect(settings.url.expose_secret(), props).await?)
+}
+
+/// Closes the channels, then the connection. In that order: a channel still open
+/// when its connection closes is closed again by lapin when its handle drops, which
+/// fails and is logged as a connection error.
+pub async fn close(connection: &Connection, channels: &[&lapin::Channel]) {
+    for channel in channels {
+        if channel.status().connected() {
+            let _ = channel.close(200, "closing".into()).await;
+        }
+    }
+    if connection.status().connected() {
+        let _ = connection.close(200, "closing".into()).await;
+    }
+}
+
+/// An integer header, whatever integer width the publisher chose.
+pub fn int_header(props: &lapin::BasicProperties, name: &str) -> Option<i64> {
+    use lapin::types::AMQPValue;
+    match props.headers().as_ref()?.inner().get(name)? {
+        AMQPValue::LongLongInt(n) => Some(*n),
+        AMQPValue::LongInt(n) => Some(i64::from(*n)),
+        AMQPValue::LongUInt(n) => Some(i64::from(*n)),
+        AMQPValue::ShortInt(n) => Some(i64::from(*n)),
+        AMQPValue::Timestamp(n) => i64::try_from(*n).ok(),
+        _ => None,
+    }
+}
+
+/// A text header (long or short string).
+pub fn text_header(props: &lapin::BasicProperties, name: &str) -> Option<String> {
+    use lapin::types::AMQPValue;
+    match props.headers().as_ref()?.inner().get(name)? {
+        AMQPValue::LongString(s) => Some(String::from_utf8_lossy(s.as_bytes()).into_owned()),
+        AMQPValue::ShortString(s) => Some(s.as_str().to_owned()),
+        _ => None,
+    }
+}
+
+/// Header carrying how many delayed retries a message has had.
+pub const RETRIES_HEADER: &str = "x-seckill-retries";
+/// Header carrying why a message was dead-lettered.
+pub const DEAD_REASON_HEADER: &str = "x-seckill-dead-reason";
+/// Header carrying the short kind of the dead-letter reason.
+pub const DEAD_KIND_HEADER: &str = "x-seckill-dead-kind";
+/// Header carrying the queue a dead letter came from (where a replay sends it).
+pub const DEAD_QUEUE_HEADER: &str = "x-seckill-dead-queue";
+/// Header carrying when a message was dead-lettered (ms since the Unix epoch).
+pub const DEAD_AT_HEADER: &str = "x-seckill-dead-at-ms";
+
+/// Header set by our publishers to when they published (ms since the Unix epoch);
+/// the intake turns it into the publish-to-receive age.
+pub const PUBLISHED_AT_HEADER: &str = "x-seckill-published-at-ms";
+
+pub fn unix_millis() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+/// Properties of a JSON work message: its id (consumers dedup by it) and when it
+/// was published.
+pub fn message_properties(message_id: &str) -> lapin::BasicProperties {
+    use lapin::types::{AMQPValue, FieldTable};
+    let mut headers = FieldTable::default();
+    headers.insert(
+        PUBLISHED_AT_HEADER.into(),
+        AMQPValue::LongLongInt(unix_millis()),
+    );
+    lapin::BasicProperties::default()
+        .with_message_id(message_id.into())
+        .with_content_type("application/json".into())
+        .with_headers(headers)
 }

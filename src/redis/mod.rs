@@ -32,3 +32,19 @@ pub async fn load_stock(
     pipe.set(keys.bucket_count(), per_bucket.len()).ignore();
     pipe.query_async::<()>(conn).await
 }
+
+/// Runs one Redis command, recording its duration and whether it failed under the
+/// command's name (a small fixed set: the scripts and the commands we send).
+pub async fn timed<T>(
+    command: &'static str,
+    call: impl std::future::Future<Output = Result<T, ::redis::RedisError>>,
+) -> Result<T, ::redis::RedisError> {
+    let started = std::time::Instant::now();
+    let result = call.await;
+    metrics::histogram!("seckill_redis_command_duration_seconds", "command" => command)
+        .record(started.elapsed().as_secs_f64());
+    if result.is_err() {
+        metrics::counter!("seckill_redis_errors_total", "command" => command).increment(1);
+    }
+    result
+}

@@ -108,15 +108,15 @@ pub async fn reserve(
     for bucket in 0..buckets {
         invocation.key(keys.stock(bucket));
     }
-    let (kind, value): (String, String) = invocation
+    invocation
         .arg(user_id)
         .arg(reservation_id.to_string())
         .arg(preferred)
         .arg(expires_at_ms)
         .arg(request_ttl_secs)
-        .arg(answer)
-        .invoke_async(conn)
-        .await?;
+        .arg(answer);
+    let (kind, value): (String, String) =
+        super::timed("reserve", invocation.invoke_async(conn)).await?;
     Ok(match kind.as_str() {
         "OK" => Reserved::Ok { answer: value },
         "REPLAY" => Reserved::Replay { answer: value },
@@ -141,16 +141,15 @@ pub async fn give_back(
     user_id: i64,
     marker_ttl_secs: u64,
 ) -> Result<bool, ::redis::RedisError> {
-    let changed: i64 = GIVE_BACK
-        .key(keys.stock(bucket))
+    let mut invocation = GIVE_BACK.key(keys.stock(bucket));
+    invocation
         .key(keys.released(&reservation_id))
         .key(keys.users())
         .key(keys.pending())
         .arg(reservation_id.to_string())
         .arg(user_id)
         .arg(marker_ttl_secs)
-        .arg(SkuKeys::pending_member(&reservation_id, user_id, bucket))
-        .invoke_async(conn)
-        .await?;
+        .arg(SkuKeys::pending_member(&reservation_id, user_id, bucket));
+    let changed: i64 = super::timed("give_back", invocation.invoke_async(conn)).await?;
     Ok(changed == 1)
 }

@@ -6,6 +6,7 @@ pub mod activity;
 pub mod compensation;
 pub mod invariants;
 pub mod migrate;
+pub mod ops;
 pub mod orders;
 pub mod outbox;
 pub mod payments;

@@ -35,16 +35,18 @@ pub struct OrderTxContext {
 }
 
 /// Runs the order transaction, retrying the whole transaction in place on
-/// serialization failures and deadlocks (bounded, jittered). Everything else is
-/// returned to the caller to classify.
+/// serialization failures and deadlocks (bounded, jittered), and returns the outcome
+/// with the number of attempts it took. Everything else is returned to the caller
+/// to classify.
 pub async fn create_order(
     conn: &mut PgConn,
     ctx: &OrderTxContext,
     msg: &OrderCreateMessage,
-) -> Result<OrderOutcome, StoreError> {
+) -> Result<(OrderOutcome, u32), StoreError> {
     let mut attempt = 1;
     loop {
         match create_order_once(conn, ctx, msg).await {
+            Ok(outcome) => return Ok((outcome, attempt)),
             Err(StoreError::Db(e))
                 if attempt < ctx.max_attempts
                     && e.code().is_some_and(|c| retry_in_place(c.code())) =>
@@ -58,7 +60,7 @@ pub async fn create_order(
                 tokio::time::sleep(retry_delay(attempt)).await;
                 attempt += 1;
             }
-            other => return other,
+            Err(e) => return Err(e),
         }
     }
 }

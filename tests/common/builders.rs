@@ -83,9 +83,7 @@ pub async fn publish_raw(env: &TestEnv, conn: &Connection, shard: u16, bodies: &
                 &exchange,
                 &routing_key,
                 body,
-                BasicProperties::default()
-                    .with_message_id(Uuid::now_v7().to_string().as_str().into())
-                    .with_content_type("application/json".into()),
+                seckill_engine::mq::message_properties(&Uuid::now_v7().to_string()),
             )
         }))
         .await;
@@ -117,9 +115,7 @@ pub async fn publish(env: &TestEnv, conn: &Connection, msgs: &[OrderCreateMessag
                 &exchange,
                 rk,
                 body,
-                BasicProperties::default()
-                    .with_message_id(id.as_str().into())
-                    .with_content_type("application/json".into()),
+                seckill_engine::mq::message_properties(id),
             )
         }))
         .await;

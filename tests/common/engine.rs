@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use seckill_engine::actors::intake::IntakeStats;
+use seckill_engine::actors::readiness::Readiness;
 use seckill_engine::config::Settings;
 use seckill_engine::engine::Engine;
 use tokio::sync::oneshot;
@@ -14,6 +15,7 @@ pub struct EngineHandle {
     stop: Option<oneshot::Sender<()>>,
     thread: Option<JoinHandle<()>>,
     pub stats: Arc<IntakeStats>,
+    pub readiness: Arc<Readiness>,
 }
 
 impl EngineHandle {
@@ -27,7 +29,7 @@ impl EngineHandle {
             actix_rt::System::new().block_on(async move {
                 match Engine::start(&settings).await {
                     Ok(engine) => {
-                        let _ = ready_tx.send(Ok(engine.intake_stats()));
+                        let _ = ready_tx.send(Ok((engine.intake_stats(), engine.readiness())));
                         // A dropped sender (kill) skips the clean AMQP close.
                         if stop_rx.await.is_ok() {
                             engine.stop().await;
@@ -39,7 +41,7 @@ impl EngineHandle {
                 }
             });
         });
-        let stats = ready_rx
+        let (stats, readiness) = ready_rx
             .await
             .expect("engine thread alive")
             .unwrap_or_else(|e| panic!("engine failed to start: {e}"));
@@ -47,7 +49,21 @@ impl EngineHandle {
             stop: Some(stop_tx),
             thread: Some(thread),
             stats,
+            readiness,
         }
+    }
+
+    /// The engine's admin listener, on a free port, serving from the test's runtime.
+    pub async fn admin(&self, settings: &Settings) -> seckill_engine::http::Running {
+        let pool = seckill_engine::store::build_pool(&settings.database).expect("pool");
+        seckill_engine::http::admin::start(
+            settings,
+            pool,
+            self.stats.clone(),
+            self.readiness.clone(),
+        )
+        .await
+        .expect("admin listener")
     }
 
     /// Closes the AMQP connection cleanly and ends the engine's thread.

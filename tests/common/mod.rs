@@ -287,6 +287,7 @@ async fn cleanup(db_name: String, names: Names, settings: Settings, queues: Vec<
                     .exchange_delete(exchange.as_str().into(), ExchangeDeleteOptions::default())
                     .await;
             }
+            seckill_engine::mq::close(&conn, &[&channel]).await;
         }
         let _ = conn.close(200, "cleanup".into()).await;
     }
@@ -428,4 +429,30 @@ pub async fn redis_stocks(
         out.push(v.unwrap_or(0));
     }
     out
+}
+
+/// How long a scenario may take to settle before the test fails.
+pub fn settle() -> Duration {
+    let secs = std::env::var("SECKILL_TEST_SETTLE_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok());
+    Duration::from_secs(secs.unwrap_or(240))
+}
+
+/// How many consumers the broker counts on a queue (`None` if it cannot be asked).
+pub async fn consumers(amqp: &lapin::Connection, queue: &str) -> Option<u32> {
+    let channel = amqp.create_channel().await.ok()?;
+    let q = channel
+        .queue_declare(
+            queue.into(),
+            lapin::options::QueueDeclareOptions {
+                passive: true,
+                ..Default::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .ok()?;
+    let _ = channel.close(200, "probe".into()).await;
+    Some(q.consumer_count())
 }

@@ -297,11 +297,21 @@ struct Serve {
 }
 
 impl Serve {
-    /// Starts `serve` and waits until it logged `ready_line` (60 s at most).
+    /// Starts `serve` logging at INFO and waits until it logged `ready_line` (60 s
+    /// at most).
     async fn start(cmd: &mut Command, ready_line: &'static str) -> (Serve, bool) {
+        Self::start_logging(cmd, ready_line, "info").await
+    }
+
+    /// Like `start`, with the log filter `filter`.
+    async fn start_logging(
+        cmd: &mut Command,
+        ready_line: &'static str,
+        filter: &str,
+    ) -> (Serve, bool) {
         use std::io::{BufRead, BufReader};
         let mut child = cmd
-            .env("RUST_LOG", "info")
+            .env("RUST_LOG", filter)
             .arg("serve")
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -490,8 +500,15 @@ async fn serve_exposes_liveness_readiness_and_metrics_that_count_outcomes() {
     let mut cmd = engine();
     env_of(&mut cmd, &env)
         .env("SECKILL__ADMIN__ADDR", &admin)
-        .env("SECKILL__HTTP__ADDR", "127.0.0.1:0");
-    let (serve, ready) = Serve::start(&mut cmd, "admin endpoints listening").await;
+        .env("SECKILL__HTTP__ADDR", "127.0.0.1:0")
+        .env("SECKILL__TELEMETRY__FORMAT", "json")
+        .env("SECKILL__TELEMETRY__SAMPLE_INTERVAL_MS", "100");
+    let (serve, ready) = Serve::start_logging(
+        &mut cmd,
+        "admin endpoints listening",
+        "info,seckill_engine=debug",
+    )
+    .await;
     let result = async {
         assert!(ready, "serve never listened");
         let client = awc::Client::default();
@@ -557,14 +574,97 @@ async fn serve_exposes_liveness_readiness_and_metrics_that_count_outcomes() {
             "histograms, not summaries"
         );
         assert!(text.contains("seckill_build_info{version=\""), "{text}");
+        // The gauges sampled from PostgreSQL, RabbitMQ and the pool, and the rest of
+        // the issue's list.
+        let sampled = crate::common::wait_until(std::time::Duration::from_secs(10), || async {
+            get("/metrics").await.1.contains("seckill_outbox_pending")
+        })
+        .await;
+        assert!(sampled, "the gauge sampler never ran");
+        let (_, text) = get("/metrics").await;
+        for series in [
+            "seckill_outbox_pending ",
+            "seckill_outbox_oldest_pending_age_seconds ",
+            "seckill_compensation_pending ",
+            "seckill_compensation_oldest_pending_age_seconds ",
+            "seckill_compensation_manual_review ",
+            "seckill_db_pool_connections{state=\"idle\"} ",
+            "seckill_db_pool_connections{state=\"in_use\"} ",
+            "seckill_db_pool_waiting ",
+            "seckill_db_permits_available ",
+            "seckill_mailbox_depth{kind=\"bucket\"} ",
+            "seckill_mailbox_depth_max{kind=\"bucket\"} ",
+            "seckill_intake_message_age_seconds_bucket{kind=\"order_create\",le=",
+            "seckill_redis_command_duration_seconds_bucket{command=\"ping\",le=",
+            "seckill_ready ",
+        ] {
+            assert!(text.contains(series), "no {series} in\n{text}");
+        }
+        let dlq = format!(
+            "seckill_dlq_messages{{queue=\"{}\"}} 0",
+            env.names.order_dead_queue()
+        );
+        assert!(text.contains(&dlq), "no {dlq} in\n{text}");
+        assert_eq!(value("seckill_mailbox_depth{kind=\"bucket\"}"), Some(0.0));
+        msgs
     };
     let outcome = futures_util::FutureExt::catch_unwind(std::panic::AssertUnwindSafe(result)).await;
     let (status, text) = serve.terminate().await;
-    if let Err(panic) = outcome {
-        eprintln!("{text}");
-        std::panic::resume_unwind(panic);
-    }
+    let msgs = match outcome {
+        Ok(msgs) => msgs,
+        Err(panic) => {
+            eprintln!("{text}");
+            std::panic::resume_unwind(panic);
+        }
+    };
     assert!(status.success(), "serve exited with {status}:\n{text}");
+    // JSON lines, one per event; each order transaction logged with the fields of
+    // seed §12.1, and no message body anywhere.
+    let lines: Vec<serde_json::Value> = text
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not JSON ({e}): {l}")))
+        .collect();
+    let committed: Vec<_> = lines
+        .iter()
+        .filter(|l| l["message"] == "order transaction committed")
+        .collect();
+    assert_eq!(committed.len(), 20, "one line per transaction");
+    for field in [
+        "request_id",
+        "reservation_id",
+        "message_id",
+        "activity_id",
+        "sku_id",
+        "user_id",
+        "bucket",
+        "consumer_group",
+        "attempt",
+        "affected_rows",
+        "db_duration_ms",
+        "pool_acquire_ms",
+        "commit_result",
+    ] {
+        assert!(
+            committed.iter().all(|l| !l[field].is_null()),
+            "{field} missing in {:?}",
+            committed[0]
+        );
+    }
+    let taken: i64 = committed
+        .iter()
+        .map(|l| l["affected_rows"].as_i64().unwrap())
+        .sum();
+    assert_eq!(taken, 10, "ten units taken");
+    for m in &msgs {
+        assert!(
+            !text.contains(&m.order_no),
+            "a message body field was logged"
+        );
+    }
+    assert!(
+        !text.contains("\"ERROR\""),
+        "no ERROR at a clean shutdown:\n{text}"
+    );
     env.cleanup().await;
 }
 

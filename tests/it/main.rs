@@ -3,8 +3,10 @@
 #[path = "../common/mod.rs"]
 mod common;
 
+mod admin;
 mod background;
 mod cli;
+mod deploy;
 mod frontstage;
 mod pipeline;
 mod schema;

@@ -6,21 +6,13 @@ use std::time::Duration;
 
 use figment::providers::Serialized;
 use lapin::options::{BasicAckOptions, BasicGetOptions};
-use seckill_engine::actors::intake::{DEAD_KIND_HEADER, DEAD_REASON_HEADER};
 use seckill_engine::domain::message::OrderCreateMessage;
+use seckill_engine::mq::{DEAD_KIND_HEADER, DEAD_REASON_HEADER};
 use tokio_postgres::Client;
 
 use crate::common::builders::{self, order, resend};
 use crate::common::engine::EngineHandle;
-use crate::common::{assert_invariants, count, wait_until, TestEnv};
-
-/// How long a scenario may take to settle before the test fails.
-fn settle() -> Duration {
-    let secs = std::env::var("SECKILL_TEST_SETTLE_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok());
-    Duration::from_secs(secs.unwrap_or(240))
-}
+use crate::common::{assert_invariants, consumers, count, settle, wait_until, TestEnv};
 
 /// Result codes recorded in the inbox, with their counts.
 async fn results(db: &Client) -> HashMap<String, i64> {
@@ -57,7 +49,7 @@ async fn assert_all_acked(env: &TestEnv) {
         let ready = env.ready_count(&channel, &queue).await;
         assert_eq!(ready, 0, "{queue} still holds {ready} messages");
     }
-    conn.close(200, "done".into()).await.unwrap();
+    seckill_engine::mq::close(&conn, &[&channel]).await;
 }
 
 fn code(results: &HashMap<String, i64>, code: &str) -> i64 {
@@ -559,23 +551,6 @@ async fn an_intake_whose_consumer_the_broker_cancelled_comes_back() {
 }
 
 /// Consumers on a queue right now (passive declare on a fresh channel).
-async fn consumers(amqp: &lapin::Connection, queue: &str) -> Option<u32> {
-    let channel = amqp.create_channel().await.ok()?;
-    let q = channel
-        .queue_declare(
-            queue.into(),
-            lapin::options::QueueDeclareOptions {
-                passive: true,
-                ..Default::default()
-            },
-            lapin::types::FieldTable::default(),
-        )
-        .await
-        .ok()?;
-    let _ = channel.close(200, "probe".into()).await;
-    Some(q.consumer_count())
-}
-
 #[actix_rt::test]
 async fn intake_stops_consuming_while_postgres_is_unreachable_and_resumes_after() {
     use secrecy::ExposeSecret;
@@ -595,10 +570,7 @@ async fn intake_stops_consuming_while_postgres_is_unreachable_and_resumes_after(
     settings.database.url = format!("{scheme}://{user}{}/{path}", switch.addr).into();
 
     let engine = EngineHandle::start(&settings).await;
-    let pool = seckill_engine::store::build_pool(&settings.database).unwrap();
-    let admin = seckill_engine::http::admin::start(&settings, pool, engine.stats.clone())
-        .await
-        .unwrap();
+    let admin = engine.admin(&settings).await;
     let admin_handle = admin.server.handle();
     actix_rt::spawn(admin.server);
     let readyz = format!("http://{}/readyz", admin.addr);

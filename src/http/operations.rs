@@ -1,0 +1,320 @@
+//! The operator API under `/admin` on the admin listener: pause and resume intake,
+//! the outbox summary and its DEAD rows, the dead-letter queues and their replay, and
+//! the compensation tasks that need a person.
+//!
+//! Off unless `admin.token` is set (every route answers 404 then). Requests carry
+//! `Authorization: Bearer <token>`, compared in constant time; an optional
+//! `X-Seckill-Operator` header names who acts. Every action is logged with who, from
+//! where and what, and counted in `seckill_admin_actions_total{action}`.
+
+use std::sync::Arc;
+
+use actix_web::http::header;
+use actix_web::{web, HttpRequest, HttpResponse};
+use secrecy::{ExposeSecret, SecretString};
+use serde::Deserialize;
+use serde_json::json;
+use sha2::{Digest, Sha256};
+use uuid::Uuid;
+
+use crate::actors::intake::IntakeStats;
+use crate::actors::readiness::Readiness;
+use crate::config::AmqpSettings;
+use crate::mq::dead_letters::{self, Selection};
+use crate::store::ops as queries;
+use crate::store::{Pool, StoreError};
+
+/// What the operations act on.
+pub struct Operations {
+    pub token: Option<SecretString>,
+    pub pool: Pool,
+    pub amqp: AmqpSettings,
+    pub readiness: Arc<Readiness>,
+    pub intakes: Arc<IntakeStats>,
+}
+
+/// Rows or messages listed per request unless `?limit=` says otherwise.
+const DEFAULT_LIMIT: i64 = 100;
+const MAX_LIMIT: i64 = 10_000;
+
+pub fn routes(cfg: &mut web::ServiceConfig) {
+    cfg.service(
+        web::scope("/admin")
+            .route("/intake", web::get().to(intake_status))
+            .route("/intake/pause", web::post().to(pause))
+            .route("/intake/resume", web::post().to(resume))
+            .route("/outbox", web::get().to(outbox_summary))
+            .route("/outbox/dead", web::get().to(outbox_dead))
+            .route("/outbox/dead/retry", web::post().to(outbox_retry))
+            .route("/dlq", web::get().to(dlq_list))
+            .route("/dlq/replay", web::post().to(dlq_replay))
+            .route("/compensation/review", web::get().to(compensation_review)),
+    );
+}
+
+/// Who is acting, for the log line.
+struct Operator {
+    name: String,
+    peer: String,
+}
+
+/// Why a request was refused.
+enum Refused {
+    Off,
+    BadToken,
+}
+
+impl Refused {
+    fn response(&self) -> HttpResponse {
+        match self {
+            Refused::Off => HttpResponse::NotFound()
+                .json(json!({"error": "the admin API is off: set admin.token to enable it"})),
+            Refused::BadToken => HttpResponse::Unauthorized()
+                .insert_header((header::WWW_AUTHENTICATE, "Bearer"))
+                .json(json!({"error": "missing or wrong bearer token"})),
+        }
+    }
+}
+
+/// Checks the bearer token.
+fn authorize(req: &HttpRequest, ops: &Operations) -> Result<Operator, Refused> {
+    let Some(token) = &ops.token else {
+        return Err(Refused::Off);
+    };
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    if !constant_time_eq(presented, token.expose_secret()) {
+        tracing::warn!(peer = ?req.peer_addr(), path = req.path(), "admin request refused: bad or missing token");
+        return Err(Refused::BadToken);
+    }
+    let name = req
+        .headers()
+        .get("x-seckill-operator")
+        .and_then(|v| v.to_str().ok())
+        .map(|v| v.chars().filter(|c| !c.is_control()).take(64).collect())
+        .unwrap_or_else(|| "unnamed".to_owned());
+    let peer = req
+        .peer_addr()
+        .map_or_else(|| "unknown".to_owned(), |a| a.to_string());
+    Ok(Operator { name, peer })
+}
+
+/// Compares digests, so neither the content nor the length of the token leaks
+/// through timing.
+fn constant_time_eq(presented: &str, expected: &str) -> bool {
+    let a = Sha256::digest(presented.as_bytes());
+    let b = Sha256::digest(expected.as_bytes());
+    a.iter()
+        .zip(b.iter())
+        .fold(0u8, |acc, (x, y)| acc | (x ^ y))
+        == 0
+}
+
+fn audit(who: &Operator, action: &'static str, detail: &str) {
+    metrics::counter!("seckill_admin_actions_total", "action" => action).increment(1);
+    tracing::info!(operator = %who.name, peer = %who.peer, action, detail, "admin action");
+}
+
+#[derive(Debug, Deserialize)]
+struct Limit {
+    limit: Option<i64>,
+}
+
+impl Limit {
+    fn get(&self) -> i64 {
+        self.limit.unwrap_or(DEFAULT_LIMIT).clamp(1, MAX_LIMIT)
+    }
+}
+
+fn store_error(e: StoreError) -> HttpResponse {
+    HttpResponse::ServiceUnavailable().json(json!({"error": e.to_string()}))
+}
+
+/// `{key: rows}`, or 503 with the database error.
+fn respond<T: serde::Serialize>(key: &str, result: Result<T, StoreError>) -> HttpResponse {
+    match result {
+        Ok(rows) => HttpResponse::Ok().json(json!({ key: rows })),
+        Err(e) => store_error(e),
+    }
+}
+
+fn mq_error(e: crate::mq::MqError) -> HttpResponse {
+    HttpResponse::ServiceUnavailable().json(json!({"error": e.to_string()}))
+}
+
+macro_rules! authorized {
+    ($req:expr, $ops:expr) => {
+        match authorize(&$req, &$ops) {
+            Ok(who) => who,
+            Err(refused) => return refused.response(),
+        }
+    };
+}
+
+async fn intake_status(req: HttpRequest, ops: web::Data<Operations>) -> HttpResponse {
+    let _who = authorized!(req, ops);
+    HttpResponse::Ok().json(json!({
+        "paused": ops.readiness.is_paused(),
+        "ready": ops.readiness.is_ready(),
+        "consuming": ops.intakes.consuming(),
+        "in_flight": ops.intakes.in_flight(),
+    }))
+}
+
+async fn pause(req: HttpRequest, ops: web::Data<Operations>) -> HttpResponse {
+    let who = authorized!(req, ops);
+    let was = ops.readiness.set_paused(true);
+    audit(
+        &who,
+        "intake_pause",
+        if was { "already paused" } else { "paused" },
+    );
+    HttpResponse::Ok().json(json!({"paused": true, "was_paused": was}))
+}
+
+async fn resume(req: HttpRequest, ops: web::Data<Operations>) -> HttpResponse {
+    let who = authorized!(req, ops);
+    let was = ops.readiness.set_paused(false);
+    audit(
+        &who,
+        "intake_resume",
+        if was { "resumed" } else { "was not paused" },
+    );
+    HttpResponse::Ok().json(json!({"paused": false, "was_paused": was}))
+}
+
+async fn outbox_summary(req: HttpRequest, ops: web::Data<Operations>) -> HttpResponse {
+    let _who = authorized!(req, ops);
+    respond("statuses", queries::outbox_summary(&ops.pool).await)
+}
+
+async fn outbox_dead(
+    req: HttpRequest,
+    ops: web::Data<Operations>,
+    limit: web::Query<Limit>,
+) -> HttpResponse {
+    let _who = authorized!(req, ops);
+    respond("dead", queries::dead_events(&ops.pool, limit.get()).await)
+}
+
+/// `{"event_id": "..."}` for one row, `{"all": true}` for every DEAD row.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RetryRequest {
+    event_id: Option<Uuid>,
+    #[serde(default)]
+    all: bool,
+}
+
+async fn outbox_retry(
+    req: HttpRequest,
+    ops: web::Data<Operations>,
+    body: web::Json<RetryRequest>,
+) -> HttpResponse {
+    let who = authorized!(req, ops);
+    let target = match (&body.event_id, body.all) {
+        (Some(id), false) => Some(*id),
+        (None, true) => None,
+        _ => {
+            return HttpResponse::BadRequest()
+                .json(json!({"error": "give exactly one of event_id or \"all\": true"}))
+        }
+    };
+    match queries::retry_dead_events(&ops.pool, target).await {
+        Ok(moved) => {
+            let detail = match target {
+                Some(id) => format!("event {id}: {moved} row(s) moved to RETRY"),
+                None => format!("all DEAD events: {moved} row(s) moved to RETRY"),
+            };
+            audit(&who, "outbox_retry", &detail);
+            HttpResponse::Ok().json(json!({"retried": moved}))
+        }
+        Err(e) => store_error(e),
+    }
+}
+
+async fn dlq_list(
+    req: HttpRequest,
+    ops: web::Data<Operations>,
+    limit: web::Query<Limit>,
+) -> HttpResponse {
+    let _who = authorized!(req, ops);
+    match dead_letters::list(&ops.amqp, limit.get() as usize).await {
+        Ok(letters) => HttpResponse::Ok().json(json!({"messages": letters})),
+        Err(e) => mq_error(e),
+    }
+}
+
+/// `{"message_id": "..."}` for every copy of one message, `{"all": true}` for all.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ReplayRequest {
+    message_id: Option<String>,
+    #[serde(default)]
+    all: bool,
+    limit: Option<i64>,
+}
+
+async fn dlq_replay(
+    req: HttpRequest,
+    ops: web::Data<Operations>,
+    body: web::Json<ReplayRequest>,
+) -> HttpResponse {
+    let who = authorized!(req, ops);
+    let selection = match (&body.message_id, body.all) {
+        (Some(id), false) => Selection::MessageId(id.clone()),
+        (None, true) => Selection::All,
+        _ => {
+            return HttpResponse::BadRequest()
+                .json(json!({"error": "give exactly one of message_id or \"all\": true"}))
+        }
+    };
+    let limit = Limit { limit: body.limit }.get() as usize;
+    match dead_letters::replay(&ops.amqp, &selection, limit).await {
+        Ok(report) => {
+            let detail = format!(
+                "{selection:?}: {} replayed, {} without origin, {} left",
+                report.replayed, report.without_origin, report.left
+            );
+            audit(&who, "dlq_replay", &detail);
+            HttpResponse::Ok().json(report)
+        }
+        Err(e) => mq_error(e),
+    }
+}
+
+async fn compensation_review(
+    req: HttpRequest,
+    ops: web::Data<Operations>,
+    limit: web::Query<Limit>,
+) -> HttpResponse {
+    let _who = authorized!(req, ops);
+    respond(
+        "tasks",
+        queries::compensation_review(&ops.pool, limit.get()).await,
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn token_comparison() {
+        assert!(super::constant_time_eq(
+            "0123456789abcdef",
+            "0123456789abcdef"
+        ));
+        assert!(!super::constant_time_eq(
+            "0123456789abcdeF",
+            "0123456789abcdef"
+        ));
+        assert!(!super::constant_time_eq("", "0123456789abcdef"));
+        assert!(!super::constant_time_eq(
+            "0123456789abcdef0",
+            "0123456789abcdef"
+        ));
+    }
+}

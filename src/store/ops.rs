@@ -1,0 +1,195 @@
+//! Operator queries: the backlog gauges (outbox and compensation work waiting, and how
+//! old the oldest is), the outbox summary, DEAD outbox rows and their retry, and the
+//! compensation tasks that need a person. Read-mostly; the one write (retrying DEAD
+//! outbox rows) only moves rows that are still DEAD.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use uuid::Uuid;
+
+use super::{Pool, StoreError};
+
+/// Work waiting in PostgreSQL, for the gauges.
+#[derive(Debug, Clone, Copy, Default, Serialize)]
+pub struct Backlog {
+    /// Outbox rows not yet published (PENDING, SENDING, RETRY).
+    pub outbox_pending: i64,
+    pub outbox_oldest_pending_age_seconds: f64,
+    pub outbox_dead: i64,
+    /// Compensation tasks not yet done (PENDING, RUNNING, RETRY).
+    pub compensation_pending: i64,
+    pub compensation_oldest_pending_age_seconds: f64,
+    /// DEAD or MANUAL_REVIEW compensation tasks.
+    pub compensation_manual_review: i64,
+}
+
+pub async fn backlog(pool: &Pool) -> Result<Backlog, StoreError> {
+    let row = pool.get().await?.client.query_one(BACKLOG, &[]).await?;
+    Ok(Backlog {
+        outbox_pending: row.get(0),
+        outbox_oldest_pending_age_seconds: row.get(1),
+        outbox_dead: row.get(2),
+        compensation_pending: row.get(3),
+        compensation_oldest_pending_age_seconds: row.get(4),
+        compensation_manual_review: row.get(5),
+    })
+}
+
+/// One line of the outbox summary.
+#[derive(Debug, Clone, Serialize)]
+pub struct OutboxStatusCount {
+    pub status: &'static str,
+    pub count: i64,
+    pub oldest_created_at: Option<DateTime<Utc>>,
+}
+
+pub async fn outbox_summary(pool: &Pool) -> Result<Vec<OutboxStatusCount>, StoreError> {
+    let rows = pool.get().await?.client.query(OUTBOX_SUMMARY, &[]).await?;
+    Ok(rows
+        .iter()
+        .map(|r| OutboxStatusCount {
+            status: outbox_status_name(r.get(0)),
+            count: r.get(1),
+            oldest_created_at: r.get(2),
+        })
+        .collect())
+}
+
+fn outbox_status_name(status: i16) -> &'static str {
+    match status {
+        0 => "PENDING",
+        10 => "SENDING",
+        20 => "SENT",
+        30 => "RETRY",
+        40 => "DEAD",
+        _ => "UNKNOWN",
+    }
+}
+
+/// A DEAD outbox row (its payload stays in the database).
+#[derive(Debug, Clone, Serialize)]
+pub struct DeadEvent {
+    pub event_id: Uuid,
+    pub tag: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub retry_count: i32,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+pub async fn dead_events(pool: &Pool, limit: i64) -> Result<Vec<DeadEvent>, StoreError> {
+    let rows = pool
+        .get()
+        .await?
+        .client
+        .query(DEAD_EVENTS, &[&limit])
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| DeadEvent {
+            event_id: r.get(0),
+            tag: r.get(1),
+            aggregate_type: r.get(2),
+            aggregate_id: r.get(3),
+            retry_count: r.get(4),
+            last_error: r.get(5),
+            created_at: r.get(6),
+            updated_at: r.get(7),
+        })
+        .collect())
+}
+
+/// Gives DEAD outbox rows (one, or all when `event_id` is `None`) a fresh set of
+/// attempts; the publisher picks them up on its next run. Returns how many moved.
+pub async fn retry_dead_events(pool: &Pool, event_id: Option<Uuid>) -> Result<u64, StoreError> {
+    let conn = pool.get().await?;
+    Ok(conn.client.execute(RETRY_DEAD_EVENTS, &[&event_id]).await?)
+}
+
+/// A compensation task that gave up or needs a decision.
+#[derive(Debug, Clone, Serialize)]
+pub struct ReviewTask {
+    pub task_id: Uuid,
+    pub task_type: i16,
+    pub status: &'static str,
+    pub reservation_id: Option<Uuid>,
+    pub order_id: Option<i64>,
+    pub retry_count: i32,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub updated_at: DateTime<Utc>,
+}
+
+pub async fn compensation_review(pool: &Pool, limit: i64) -> Result<Vec<ReviewTask>, StoreError> {
+    let rows = pool
+        .get()
+        .await?
+        .client
+        .query(COMPENSATION_REVIEW, &[&limit])
+        .await?;
+    Ok(rows
+        .iter()
+        .map(|r| ReviewTask {
+            task_id: r.get(0),
+            task_type: r.get(1),
+            status: if r.get::<_, i16>(2) == 40 {
+                "DEAD"
+            } else {
+                "MANUAL_REVIEW"
+            },
+            reservation_id: r.get(3),
+            order_id: r.get(4),
+            retry_count: r.get(5),
+            last_error: r.get(6),
+            created_at: r.get(7),
+            updated_at: r.get(8),
+        })
+        .collect())
+}
+
+// The pending counts use the partial/claim indexes' leading columns; both tables are
+// small in steady state (SENT rows are purged, DONE tasks are few per order).
+const BACKLOG: &str = "
+SELECT
+    (SELECT count(*) FROM event_outbox WHERE status IN (0, 10, 30)),
+    COALESCE((SELECT EXTRACT(EPOCH FROM statement_timestamp() - min(created_at))::float8
+              FROM event_outbox WHERE status IN (0, 10, 30)), 0),
+    (SELECT count(*) FROM event_outbox WHERE status = 40),
+    (SELECT count(*) FROM compensation_task WHERE status IN (0, 10, 30)),
+    COALESCE((SELECT EXTRACT(EPOCH FROM statement_timestamp() - min(created_at))::float8
+              FROM compensation_task WHERE status IN (0, 10, 30)), 0),
+    (SELECT count(*) FROM compensation_task WHERE status IN (40, 50))";
+
+const OUTBOX_SUMMARY: &str = "
+SELECT status, count(*), min(created_at)
+FROM event_outbox
+GROUP BY status
+ORDER BY status";
+
+const DEAD_EVENTS: &str = "
+SELECT event_id, tag, aggregate_type, aggregate_id, retry_count, last_error, created_at,
+       updated_at
+FROM event_outbox
+WHERE status = 40
+ORDER BY updated_at, event_id
+LIMIT $1";
+
+const RETRY_DEAD_EVENTS: &str = "
+UPDATE event_outbox
+SET status = 30,
+    retry_count = 0,
+    available_at = statement_timestamp(),
+    last_error = LEFT('RETRIED_BY_OPERATOR; was: ' || COALESCE(last_error, ''), 4000),
+    updated_at = statement_timestamp()
+WHERE status = 40
+  AND ($1::uuid IS NULL OR event_id = $1)";
+
+const COMPENSATION_REVIEW: &str = "
+SELECT task_id, task_type, status, reservation_id, order_id, retry_count, last_error,
+       created_at, updated_at
+FROM compensation_task
+WHERE status IN (40, 50)
+ORDER BY updated_at, task_id
+LIMIT $1";

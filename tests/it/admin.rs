@@ -1,0 +1,363 @@
+//! The operator API on the admin listener: the token, pause and resume, dead-letter
+//! replay, DEAD outbox retry and the compensation review list.
+
+use std::time::Duration;
+
+use actix_web::dev::ServerHandle;
+use awc::http::StatusCode;
+use figment::providers::Serialized;
+use seckill_engine::config::Settings;
+use serde_json::{json, Value};
+
+use crate::common::builders::{self, order};
+use crate::common::engine::EngineHandle;
+use crate::common::{assert_invariants, consumers, count, settle, wait_until, TestEnv};
+
+const TOKEN: &str = "test-admin-token-0123456789";
+
+/// A client for one admin listener.
+struct AdminClient {
+    base: String,
+    client: awc::Client,
+}
+
+impl AdminClient {
+    fn new(addr: std::net::SocketAddr) -> Self {
+        Self {
+            base: format!("http://{addr}"),
+            client: awc::Client::builder()
+                .timeout(Duration::from_secs(30))
+                .finish(),
+        }
+    }
+
+    async fn call(
+        &self,
+        method: &str,
+        path: &str,
+        token: Option<&str>,
+        body: Option<Value>,
+    ) -> (StatusCode, Value) {
+        let url = format!("{}{path}", self.base);
+        let mut req = match method {
+            "GET" => self.client.get(url),
+            _ => self.client.post(url),
+        };
+        if let Some(token) = token {
+            req = req.insert_header(("Authorization", format!("Bearer {token}")));
+        }
+        req = req.insert_header(("X-Seckill-Operator", "integration-test"));
+        let mut resp = match body {
+            Some(body) => req.send_json(&body).await,
+            None => req.send().await,
+        }
+        .expect("admin request");
+        let status = resp.status();
+        let bytes = resp.body().await.expect("admin body");
+        let value = serde_json::from_slice(&bytes).unwrap_or(Value::Null);
+        (status, value)
+    }
+
+    async fn get(&self, path: &str) -> Value {
+        let (status, body) = self.call("GET", path, Some(TOKEN), None).await;
+        assert_eq!(status, StatusCode::OK, "GET {path}: {body}");
+        body
+    }
+
+    async fn post(&self, path: &str, body: Value) -> Value {
+        let (status, body) = self.call("POST", path, Some(TOKEN), Some(body)).await;
+        assert_eq!(status, StatusCode::OK, "POST {path}: {body}");
+        body
+    }
+}
+
+/// An engine and its admin listener, served from the test's runtime.
+async fn start(settings: &Settings) -> (EngineHandle, ServerHandle, AdminClient) {
+    let engine = EngineHandle::start(settings).await;
+    let (handle, api) = listen(&engine, settings).await;
+    (engine, handle, api)
+}
+
+async fn listen(engine: &EngineHandle, settings: &Settings) -> (ServerHandle, AdminClient) {
+    let admin = engine.admin(settings).await;
+    let handle = admin.server.handle();
+    actix_rt::spawn(admin.server);
+    (handle, AdminClient::new(admin.addr))
+}
+
+fn with_token(f: figment::Figment) -> figment::Figment {
+    f.merge(Serialized::default("admin.token", TOKEN))
+}
+
+#[actix_rt::test]
+async fn admin_api_is_off_without_a_token_and_refuses_requests_without_it() {
+    let env = TestEnv::new().await;
+    let (engine, handle, off) = start(&env.settings).await;
+    let (status, _) = off.call("GET", "/admin/dlq", Some(TOKEN), None).await;
+    assert_eq!(status, StatusCode::NOT_FOUND, "no token configured: off");
+    handle.stop(true).await;
+
+    let mut settings = env.settings.clone();
+    settings.admin.token = Some(TOKEN.to_owned().into());
+    let (handle, api) = listen(&engine, &settings).await;
+    for (method, path) in [
+        ("GET", "/admin/dlq"),
+        ("POST", "/admin/dlq/replay"),
+        ("POST", "/admin/intake/pause"),
+        ("GET", "/admin/outbox"),
+        ("POST", "/admin/outbox/dead/retry"),
+        ("GET", "/admin/compensation/review"),
+    ] {
+        let body = (method == "POST").then(|| json!({"all": true}));
+        let (status, _) = api.call(method, path, None, body.clone()).await;
+        assert_eq!(
+            status,
+            StatusCode::UNAUTHORIZED,
+            "{method} {path} without a token"
+        );
+        let (status, _) = api
+            .call(method, path, Some("test-admin-token-0123456780"), body)
+            .await;
+        assert_eq!(
+            status,
+            StatusCode::UNAUTHORIZED,
+            "{method} {path} with a wrong token"
+        );
+    }
+    assert!(
+        !engine.readiness.is_paused(),
+        "a refused pause changed nothing"
+    );
+    // Probes stay open: they are for the orchestrator, not for operators.
+    let (status, _) = api.call("GET", "/livez", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    handle.stop(true).await;
+    engine.stop().await;
+    env.cleanup().await;
+}
+
+#[actix_rt::test]
+async fn a_replayed_dead_letter_makes_its_order_once_and_a_second_replay_nothing_more() {
+    let env = TestEnv::with(with_token).await;
+    let mut db = env.db().await;
+    let (engine, handle, api) = start(&env.settings).await;
+    let amqp = env.amqp().await;
+
+    // The message arrives before its activity exists (a front stage ahead of the
+    // configuration): it cannot be processed and is dead-lettered, twice, because
+    // the broker delivered it twice.
+    let msg = order(31, 1, 7, 0);
+    builders::publish(&env, &amqp, &[msg.clone(), msg.clone()]).await;
+    let channel = amqp.create_channel().await.unwrap();
+    let dead_queue = env.names.order_dead_queue();
+    assert!(
+        wait_until(settle(), || async {
+            env.ready_count(&channel, &dead_queue).await == 2
+        })
+        .await,
+        "both copies reach the dead-letter queue"
+    );
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 0);
+
+    let listed = api.get("/admin/dlq").await;
+    let messages = listed["messages"].as_array().expect("messages");
+    assert_eq!(messages.len(), 2, "{listed}");
+    for m in messages {
+        assert_eq!(m["message_id"], json!(msg.message_id.to_string()));
+        assert_eq!(m["origin_queue"], json!(env.names.order_queue(0)));
+        assert_eq!(m["dead_queue"], json!(dead_queue));
+        assert!(m["kind"].as_str().is_some_and(|k| !k.is_empty()), "{m}");
+        assert!(
+            m["reason"]
+                .as_str()
+                .is_some_and(|r| r.contains("unknown inventory bucket")),
+            "{m}"
+        );
+    }
+    // Listing takes nothing away.
+    assert_eq!(env.ready_count(&channel, &dead_queue).await, 2);
+
+    // Fix the cause, then replay every copy of that message id.
+    builders::activity(&mut db, 31, 1, 5, 1).await;
+    let report = api
+        .post(
+            "/admin/dlq/replay",
+            json!({"message_id": msg.message_id.to_string()}),
+        )
+        .await;
+    assert_eq!(report["replayed"], json!(2), "{report}");
+    assert!(
+        wait_until(settle(), || async {
+            count(&db, "SELECT count(*) FROM consumer_inbox").await == 1
+                && engine.stats.in_flight() == 0
+                && env.ready_count(&channel, &env.names.order_queue(0)).await == 0
+        })
+        .await,
+        "the replayed copies settle"
+    );
+    assert_eq!(env.ready_count(&channel, &dead_queue).await, 0);
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM orders WHERE user_id = 7").await,
+        1,
+        "two replayed copies, one order"
+    );
+    let inbox_id: uuid::Uuid = db
+        .query_one("SELECT message_id FROM consumer_inbox", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(inbox_id, msg.message_id, "the replay kept the message id");
+
+    // A second replay finds nothing and changes nothing.
+    let again = api.post("/admin/dlq/replay", json!({"all": true})).await;
+    assert_eq!(again["replayed"], json!(0), "{again}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 1);
+    assert_eq!(count(&db, "SELECT count(*) FROM consumer_inbox").await, 1);
+    assert_invariants(&db).await;
+
+    handle.stop(true).await;
+    engine.stop().await;
+    env.cleanup().await;
+}
+
+#[actix_rt::test]
+async fn pause_stops_consumption_and_resume_takes_the_backlog() {
+    let env = TestEnv::with(with_token).await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 32, 1, 100, 1).await;
+    let (engine, handle, api) = start(&env.settings).await;
+    let amqp = env.amqp().await;
+    let queue = env.names.order_queue(0);
+
+    let paused = api.post("/admin/intake/pause", json!({})).await;
+    assert_eq!(paused["was_paused"], json!(false));
+    assert!(
+        wait_until(settle(), || async {
+            consumers(&amqp, &queue).await == Some(0)
+        })
+        .await,
+        "the consumer was cancelled"
+    );
+    let (status, body) = api.call("GET", "/readyz", None, None).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(body["failing"]["intake"], json!("paused by an operator"));
+
+    let msgs: Vec<_> = (1..=30).map(|user| order(32, 1, user, 0)).collect();
+    builders::publish(&env, &amqp, &msgs).await;
+    let channel = amqp.create_channel().await.unwrap();
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        env.ready_count(&channel, &queue).await,
+        30,
+        "nothing taken while paused"
+    );
+    assert_eq!(count(&db, "SELECT count(*) FROM consumer_inbox").await, 0);
+    assert_eq!(api.get("/admin/intake").await["paused"], json!(true));
+
+    api.post("/admin/intake/resume", json!({})).await;
+    assert!(
+        wait_until(settle(), || async {
+            count(&db, "SELECT count(*) FROM orders").await == 30
+        })
+        .await,
+        "the backlog is taken after resume"
+    );
+    let (status, _) = api.call("GET", "/readyz", None, None).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_invariants(&db).await;
+    handle.stop(true).await;
+    engine.stop().await;
+    env.cleanup().await;
+}
+
+#[actix_rt::test]
+async fn dead_outbox_rows_are_listed_and_retried_and_review_tasks_listed() {
+    let env = TestEnv::with(with_token).await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 33, 1, 10, 1).await;
+    let (engine, handle, api) = start(&env.settings).await;
+    let amqp = env.amqp().await;
+
+    let msgs: Vec<_> = (1..=3).map(|user| order(33, 1, user, 0)).collect();
+    builders::publish(&env, &amqp, &msgs).await;
+    assert!(
+        wait_until(settle(), || async {
+            count(&db, "SELECT count(*) FROM event_outbox WHERE status = 20").await == 3
+        })
+        .await,
+        "the order events are sent"
+    );
+    // Two rows gave up (as after a long broker outage), one task needs a person.
+    db.execute(
+        "UPDATE event_outbox SET status = 40, retry_count = max_retry,
+             last_error = 'broker unreachable', sent_at = NULL
+         WHERE event_id IN (SELECT event_id FROM event_outbox ORDER BY event_id LIMIT 2)",
+        &[],
+    )
+    .await
+    .unwrap();
+    db.execute(
+        "INSERT INTO compensation_task (task_id, idempotency_key, task_type, order_id,
+                                        payload, status, last_error)
+         VALUES (gen_random_uuid(), 'review-1', 20, 1, '{}', 50, 'refund refused')",
+        &[],
+    )
+    .await
+    .unwrap();
+
+    let summary = api.get("/admin/outbox").await;
+    let statuses = summary["statuses"].as_array().unwrap();
+    let of = |name: &str| {
+        statuses
+            .iter()
+            .find(|s| s["status"] == json!(name))
+            .map_or(0, |s| s["count"].as_i64().unwrap())
+    };
+    assert_eq!((of("DEAD"), of("SENT")), (2, 1), "{summary}");
+    let dead = api.get("/admin/outbox/dead").await;
+    let dead = dead["dead"].as_array().unwrap().clone();
+    assert_eq!(dead.len(), 2);
+    assert_eq!(dead[0]["last_error"], json!("broker unreachable"));
+
+    let one = dead[0]["event_id"].as_str().unwrap().to_owned();
+    let retried = api
+        .post("/admin/outbox/dead/retry", json!({"event_id": one}))
+        .await;
+    assert_eq!(retried["retried"], json!(1));
+    let (status, _) = api
+        .call(
+            "POST",
+            "/admin/outbox/dead/retry",
+            Some(TOKEN),
+            Some(json!({"event_id": one, "all": true})),
+        )
+        .await;
+    assert_eq!(
+        status,
+        StatusCode::BAD_REQUEST,
+        "ambiguous selection refused"
+    );
+    assert_eq!(
+        api.post("/admin/outbox/dead/retry", json!({"all": true}))
+            .await["retried"],
+        json!(1)
+    );
+    assert!(
+        wait_until(settle(), || async {
+            count(&db, "SELECT count(*) FROM event_outbox WHERE status = 20").await == 3
+        })
+        .await,
+        "the retried rows are published"
+    );
+
+    let review = api.get("/admin/compensation/review").await;
+    let tasks = review["tasks"].as_array().unwrap();
+    assert_eq!(tasks.len(), 1, "{review}");
+    assert_eq!(tasks[0]["status"], json!("MANUAL_REVIEW"));
+    assert_eq!(tasks[0]["last_error"], json!("refund refused"));
+
+    handle.stop(true).await;
+    engine.stop().await;
+    env.cleanup().await;
+}
