@@ -163,10 +163,19 @@ async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
         _ = int.recv() => {}
     }
     tracing::info!("signal received, stopping");
-    http.stop(true).await;
-    admin_handle.stop(true).await;
-    engine.stop().await;
-    Ok(ExitCode::SUCCESS)
+    let drain = async {
+        http.stop(true).await;
+        admin_handle.stop(true).await;
+        engine.stop().await;
+    };
+    tokio::select! {
+        _ = drain => Ok(ExitCode::SUCCESS),
+        // Still safe: whatever is unacked is redelivered, and the inbox answers it.
+        _ = async { tokio::select! { _ = term.recv() => {} _ = int.recv() => {} } } => {
+            tracing::warn!("second signal: exiting without waiting; unsettled deliveries will be redelivered");
+            Ok(ExitCode::from(130))
+        }
+    }
 }
 
 async fn migrate_cmd(settings: &Settings) -> anyhow::Result<ExitCode> {

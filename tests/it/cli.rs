@@ -292,8 +292,19 @@ async fn check_passes_on_clean_data_and_fails_on_a_broken_invariant() {
 /// A `serve` process under test; its stderr is read to the end on a thread of its own
 /// (so it never writes into a closed pipe) and kept for failure messages.
 struct Serve {
-    child: std::process::Child,
-    reader: std::thread::JoinHandle<String>,
+    /// `None` once waited for.
+    child: Option<std::process::Child>,
+    reader: Option<std::thread::JoinHandle<String>>,
+}
+
+impl Drop for Serve {
+    /// A failed test must not leave its engine running.
+    fn drop(&mut self) {
+        if let Some(child) = &mut self.child {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
 }
 
 impl Serve {
@@ -333,22 +344,40 @@ impl Serve {
             text
         });
         let ready = tokio::time::timeout(std::time::Duration::from_secs(60), ready_rx).await;
-        (Serve { child, reader }, matches!(ready, Ok(Ok(()))))
+        let serve = Serve {
+            child: Some(child),
+            reader: Some(reader),
+        };
+        (serve, matches!(ready, Ok(Ok(()))))
+    }
+
+    /// Sends SIGTERM.
+    fn signal(&self) {
+        let signalled = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .unwrap();
+        assert!(signalled.success());
     }
 
     /// Sends SIGTERM and returns the exit status and everything it logged.
     async fn terminate(self) -> (std::process::ExitStatus, String) {
-        let signalled = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .unwrap();
-        assert!(signalled.success());
-        let mut child = self.child;
+        self.signal();
+        self.wait().await
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.as_ref().map_or(0, |c| c.id())
+    }
+
+    async fn wait(mut self) -> (std::process::ExitStatus, String) {
+        let mut child = self.child.take().expect("not waited for yet");
         let status = tokio::task::spawn_blocking(move || child.wait())
             .await
             .unwrap()
             .unwrap();
-        (status, self.reader.join().unwrap())
+        let text = self.reader.take().expect("reader").join().unwrap();
+        (status, text)
     }
 }
 
@@ -723,6 +752,70 @@ async fn sigterm_mid_run_drains_and_a_restart_finishes_with_one_effect_each() {
         )
         .await,
         2_000
+    );
+    crate::common::assert_invariants(&db).await;
+    env.cleanup().await;
+}
+
+#[actix_rt::test]
+async fn a_second_signal_exits_at_once_and_a_restart_loses_nothing() {
+    let env = crate::common::TestEnv::new().await;
+    let mut db = env.db().await;
+    crate::common::builders::activity(&mut db, 83, 1, 100, 1).await;
+    // Transactions wait on the held row instead of timing out, so the drain after
+    // the first signal has something to wait for.
+    let mut cmd = engine();
+    env_of(&mut cmd, &env)
+        .env("SECKILL__DATABASE__LOCK_TIMEOUT_MS", "120000")
+        .env("SECKILL__DATABASE__STATEMENT_TIMEOUT_MS", "120000");
+    let (serve, ready) = Serve::start(&mut cmd, "engine ready").await;
+    assert!(ready, "serve never became ready");
+    let mut holder = env.db().await;
+    let lock = holder.transaction().await.unwrap();
+    lock.execute("SELECT 1 FROM sku_inventory FOR UPDATE", &[])
+        .await
+        .unwrap();
+
+    let amqp = env.amqp().await;
+    let msgs: Vec<_> = (1..=10)
+        .map(|u| crate::common::builders::order(83, 1, u, 0))
+        .collect();
+    crate::common::builders::publish(&env, &amqp, &msgs).await;
+    let waiting = crate::common::wait_until(std::time::Duration::from_secs(30), || async {
+        crate::common::count(
+            &db,
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE wait_event_type = 'Lock' AND datname = current_database()",
+        )
+        .await
+            >= 1
+    })
+    .await;
+    assert!(waiting, "no transaction ever waited on the held row");
+    serve.signal();
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    let second = std::time::Instant::now();
+    serve.signal();
+    let (status, text) = serve.wait().await;
+    assert!(
+        second.elapsed() < std::time::Duration::from_secs(5),
+        "the second signal did not end it at once ({:?})",
+        second.elapsed()
+    );
+    assert_eq!(status.code(), Some(130), "{text}");
+    assert!(text.contains("second signal"), "{text}");
+    lock.rollback().await.unwrap();
+
+    let engine = crate::common::engine::EngineHandle::start(&env.settings).await;
+    let done = crate::common::wait_until(std::time::Duration::from_secs(60), || async {
+        crate::common::count(&db, "SELECT count(*) FROM consumer_inbox").await >= 10
+    })
+    .await;
+    engine.stop().await;
+    assert!(done, "the unsettled deliveries came back");
+    assert_eq!(
+        crate::common::count(&db, "SELECT count(*) FROM orders").await,
+        10
     );
     crate::common::assert_invariants(&db).await;
     env.cleanup().await;
