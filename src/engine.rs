@@ -4,7 +4,6 @@
 //! AMQP connection are created on the calling (System) arbiter, which lives as long as
 //! the engine.
 
-use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -78,7 +77,7 @@ impl Engine {
         let permits = DbPermits::new(settings.db_permits()).start();
         let shared = Arc::new(BucketShared {
             pool: pool.clone(),
-            ids: IdGenerator::new(settings.engine.node_id),
+            ids: IdGenerator::for_node(settings.engine.node_id),
             consumer_group: settings.amqp.consumer_group.clone(),
             lock_timeout: format!("{}ms", settings.database.lock_timeout_ms),
             statement_timeout: format!("{}ms", settings.database.statement_timeout_ms),
@@ -254,7 +253,7 @@ impl IntakeStarter<'_> {
 /// The supervisor with the outbox publisher, the sweeper, the compensation worker,
 /// the reconciler of Redis reservations and the gauge sampler.
 pub fn background_services(settings: &Settings, pool: &Pool) -> Supervisor {
-    let ids = Rc::new(IdGenerator::new(settings.engine.node_id));
+    let ids = IdGenerator::for_node(settings.engine.node_id);
     let outbox = {
         let (pool, amqp) = (pool.clone(), settings.amqp.clone());
         let config = OutboxConfig::from(&settings.outbox);

@@ -35,7 +35,7 @@ impl BucketKey {
 /// Settings shared by every bucket actor.
 pub struct BucketShared {
     pub pool: Pool,
-    pub ids: IdGenerator,
+    pub ids: Arc<IdGenerator>,
     pub consumer_group: String,
     pub lock_timeout: String,
     pub statement_timeout: String,

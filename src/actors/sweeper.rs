@@ -3,6 +3,7 @@
 //! taking compensation tasks back from workers whose lease expired.
 
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::LocalBoxFuture;
@@ -39,12 +40,12 @@ pub struct Sweeper {
 
 struct Inner {
     pool: Pool,
-    ids: Rc<IdGenerator>,
+    ids: Arc<IdGenerator>,
     config: SweeperConfig,
 }
 
 impl Sweeper {
-    pub fn new(pool: Pool, ids: Rc<IdGenerator>, config: SweeperConfig) -> Self {
+    pub fn new(pool: Pool, ids: Arc<IdGenerator>, config: SweeperConfig) -> Self {
         Self {
             inner: Rc::new(Inner { pool, ids, config }),
         }

@@ -2,7 +2,8 @@
 //! `milliseconds since 2025-01-01 (41 bits) | node id (10 bits) | sequence (12 bits)`,
 //! so B-tree inserts land at the right edge. Event and task ids are UUIDv7.
 
-use std::sync::Mutex;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 /// 2025-01-01T00:00:00Z in Unix milliseconds.
@@ -22,6 +23,22 @@ pub struct IdGenerator {
 }
 
 impl IdGenerator {
+    /// The process's one generator for `node_id`. Two generators of the same node
+    /// in one process would hand out the same id in the same millisecond (the
+    /// sweeper's and the bucket actors' ledger rows did, before this existed), so
+    /// everything in the engine takes its generator from here.
+    pub fn for_node(node_id: u16) -> Arc<IdGenerator> {
+        static NODES: OnceLock<Mutex<HashMap<u16, Arc<IdGenerator>>>> = OnceLock::new();
+        let mut nodes = NODES
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        nodes
+            .entry(node_id)
+            .or_insert_with(|| Arc::new(IdGenerator::new(node_id)))
+            .clone()
+    }
+
     pub fn new(node_id: u16) -> Self {
         Self {
             node: u64::from(node_id.min(MAX_NODE_ID)),
@@ -75,6 +92,17 @@ pub fn new_uuid() -> uuid::Uuid {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_generator_per_node_in_a_process() {
+        let (a, b) = (IdGenerator::for_node(77), IdGenerator::for_node(77));
+        assert!(Arc::ptr_eq(&a, &b));
+        let ids: std::collections::HashSet<i64> = (0..10_000)
+            .map(|i| if i % 2 == 0 { a.next_id() } else { b.next_id() })
+            .collect();
+        assert_eq!(ids.len(), 10_000);
+        assert!(!Arc::ptr_eq(&a, &IdGenerator::for_node(78)));
+    }
 
     #[test]
     fn order_numbers_are_distinct_and_not_the_id() {
