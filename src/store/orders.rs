@@ -514,11 +514,18 @@ pub fn redis_release_key(reservation_id: Uuid) -> String {
     format!("REDIS_STOCK_RELEASE:{reservation_id}")
 }
 
-/// A COMMIT answered with an error did not commit; a COMMIT without an answer may
-/// have (§7.5).
+/// A COMMIT refused for a reason of the transaction itself (serialization, a
+/// deferred constraint, a data error, an aborted transaction) did not commit. Any
+/// other failure may have committed (§7.5): no answer at all, and also an answer
+/// like `57P01` from a backend terminated *while* committing, which PostgreSQL sends
+/// after the commit record may already be durable.
 pub(crate) async fn commit(tx: Transaction<'_>) -> Result<(), StoreError> {
     tx.commit().await.map_err(|e| {
-        if e.code().is_some() {
+        let rolled_back = e.code().is_some_and(|c| {
+            let c = c.code();
+            c.starts_with("40") || c.starts_with("23") || c.starts_with("22") || c.starts_with("25")
+        });
+        if rolled_back {
             StoreError::Db(e)
         } else {
             StoreError::CommitOutcomeUnknown(e)
