@@ -40,6 +40,10 @@ pub enum Command {
     /// Run a flash sale against the running engine and report; non-zero exit if any
     /// invariant is violated.
     Bench(crate::bench::BenchArgs),
+    /// Fault-injection suite: private services, engines as processes, faults, and an
+    /// account of every message; non-zero exit if any promise was broken.
+    #[cfg(feature = "chaos")]
+    Chaos(crate::chaos::ChaosArgs),
     /// Run the invariant checks (seed §13.3); exits non-zero if any is violated.
     Check {
         /// Only this activity.
@@ -106,6 +110,15 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // actix needs its own System; everything else runs on a plain runtime.
             actix_rt::System::new().block_on(serve(settings))
         }
+        #[cfg(feature = "chaos")]
+        Command::Chaos(args) => {
+            let accounts = actix_rt::System::new().block_on(crate::chaos::run(&args))?;
+            Ok(if accounts.iter().all(|a| a.ok()) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            })
+        }
         Command::Bench(args) => {
             // The HTTP client (awc) runs on actix's runtime too.
             let report = actix_rt::System::new().block_on(crate::bench::run(&settings, args))?;
@@ -128,6 +141,8 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         activity_create(&settings, args).await
                     }
                     Command::Check { activity, redis } => check(&settings, activity, redis).await,
+                    #[cfg(feature = "chaos")]
+                    Command::Chaos(_) => unreachable!("handled above"),
                     Command::Serve | Command::Bench(_) => unreachable!("handled above"),
                 }
             })

@@ -3,10 +3,13 @@
 
 pub mod actors;
 pub mod bench;
+#[cfg(feature = "chaos")]
+pub mod chaos;
 pub mod commands;
 pub mod config;
 pub mod domain;
 pub mod engine;
+pub mod failpoints;
 pub mod http;
 pub mod mq;
 pub mod redis;

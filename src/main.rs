@@ -6,6 +6,8 @@ use clap::Parser;
 use seckill_engine::commands::{run, Cli};
 
 fn main() -> ExitCode {
+    #[cfg(feature = "chaos")]
+    let _failpoints = seckill_engine::failpoints::arm();
     match run(Cli::parse()) {
         Ok(code) => code,
         Err(e) => {

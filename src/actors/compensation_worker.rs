@@ -123,6 +123,7 @@ impl Inner {
         for task in &tasks {
             match self.run_task(task).await {
                 Ok(true) => {
+                    crate::failpoint!("compensation_after_redis_before_done");
                     compensation::mark_done(&conn.client, task.task_id, &self.owner).await?;
                     done += 1;
                 }

@@ -521,10 +521,19 @@ async fn settle(
     };
     if let Err(ErrorClass::CommitOutcomeUnknown) = &result {
         metrics::counter!("seckill_commit_unknown_total").increment(1);
-        tracing::info!(queue = %routes.queue, "commit outcome unknown; the redelivery will resolve it");
+        // Rare and worth an operator's (and the fault suite's) attention.
+        let message_id = delivery
+            .properties
+            .message_id()
+            .as_ref()
+            .map(|id| id.to_string());
+        tracing::info!(queue = %routes.queue, message_id, "commit outcome unknown; the redelivery will resolve it");
     }
     match disposition(result.as_ref()) {
-        Disposition::Ack => ack(&delivery, &routes, in_flight).await,
+        Disposition::Ack => {
+            crate::failpoint!("after_commit_before_ack");
+            ack(&delivery, &routes, in_flight).await
+        }
         Disposition::Retry { reason } => {
             retry(&publisher, &routes, delivery, reason, in_flight).await
         }

@@ -148,6 +148,9 @@ impl Inner {
                 // Start from a fresh connection next time.
                 self.publisher.reset();
             }
+            if !confirmed.is_empty() {
+                crate::failpoint!("outbox_after_confirm_before_sent");
+            }
             sent = outbox::mark_sent(&conn.client, &confirmed, &self.owner).await?;
         }
         let runs = self.runs.get() + 1;

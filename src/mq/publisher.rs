@@ -52,7 +52,7 @@ impl ConfirmedPublisher {
         properties: BasicProperties,
         mandatory: bool,
     ) -> Result<(), MqError> {
-        let confirm = self
+        let pending = self
             .channel
             .basic_publish(
                 exchange.into(),
@@ -64,8 +64,9 @@ impl ConfirmedPublisher {
                 body,
                 properties.with_delivery_mode(PERSISTENT),
             )
-            .await?
             .await?;
+        crate::failpoint!("publish_before_confirm");
+        let confirm = pending.await?;
         match confirm {
             Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(_)) => Err(MqError::Unroutable {

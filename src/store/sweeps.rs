@@ -37,6 +37,7 @@ pub async fn cancel_next_expired(
         return Ok(None);
     };
     let order_id: i64 = candidate.get(0);
+    crate::failpoint!("sweeper_between_claim_and_update");
     // §9.10: only a row returned here may release stock.
     let Some(order) = tx
         .query_opt(&st.get(&tx, CANCEL_ORDER).await?, &[&order_id])

@@ -5,6 +5,8 @@ mod common;
 
 mod admin;
 mod background;
+#[cfg(feature = "chaos")]
+mod chaos;
 mod cli;
 mod deploy;
 mod frontstage;

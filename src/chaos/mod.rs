@@ -1,0 +1,658 @@
+//! The fault-injection harness (`seckill-engine chaos`, feature `chaos`): runs the
+//! engine as separate processes against private PostgreSQL, RabbitMQ and Redis
+//! instances, drives a workload, injects one kind of fault on a schedule, waits for
+//! everything to drain, and accounts for every message the way Jepsen's queue and bank
+//! checkers do: lost, duplicated, unexpected, oversold, conservation, dead-lettered.
+
+mod account;
+mod cluster;
+mod workload;
+
+use std::cell::{Cell, RefCell};
+use std::path::{Path, PathBuf};
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use figment::providers::Serialized;
+use rand::Rng;
+
+pub use account::Account;
+use cluster::{Cluster, EngineProc};
+use workload::{Plan, Shape};
+
+use crate::config::{self, Settings};
+use crate::store;
+
+/// `seckill-engine chaos`.
+#[derive(Debug, clap::Args)]
+pub struct ChaosArgs {
+    /// `short` (a few scenarios, small workloads: CI) or `full` (every scenario).
+    #[arg(long, default_value = "short")]
+    pub profile: Profile,
+    /// Run only these scenarios (names as in the report).
+    #[arg(long)]
+    pub scenario: Vec<String>,
+    /// Write the account as a Markdown report to this file.
+    #[arg(long)]
+    pub report: Option<PathBuf>,
+    /// Where the private services keep their data (default: a new temporary dir).
+    #[arg(long)]
+    pub services_dir: Option<PathBuf>,
+    /// The engine binary (default: this one).
+    #[arg(long)]
+    pub engine: Option<PathBuf>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Profile {
+    Short,
+    Full,
+}
+
+/// One kind of fault.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Fault {
+    None,
+    /// SIGKILL the engine every 2–5 s and start it again.
+    SigKill,
+    /// SIGSTOP one of two engines for longer than the leases, then SIGCONT.
+    SigStop,
+    /// `pg_terminate_backend` of every engine connection, every second.
+    PgTerminate,
+    /// PostgreSQL `stop -m immediate`, then started again.
+    PgCrash,
+    /// RabbitMQ `close_all_connections` every 3 s.
+    RabbitClose,
+    /// RabbitMQ `stop_app` / `start_app`.
+    RabbitRestart,
+    /// Redis `CLIENT PAUSE` for 2.5 s every 4 s.
+    RedisPause,
+    /// Redis killed (its data is gone: it keeps nothing on disk) and started again.
+    RedisKill,
+    /// iptables on the private ports: PostgreSQL packets dropped, AMQP connections
+    /// reset, 20% of Redis packets dropped, for 3 s every 7 s.
+    NetCut,
+    /// A failpoint armed to abort the process (`name=P%return`); the harness
+    /// restarts the engine after each crash, disarmed after a few.
+    Failpoint(&'static str, u32),
+}
+
+pub struct Scenario {
+    pub name: &'static str,
+    pub shape: Shape,
+    /// Buyers in the short and the full profile.
+    pub buyers: (u32, u32),
+    pub fault: Fault,
+    pub engines: usize,
+    pub in_short: bool,
+}
+
+/// The matrix. The short profile is what CI runs.
+pub fn scenarios() -> Vec<Scenario> {
+    use Fault::*;
+    let s = |name, shape, buyers, fault, engines, in_short| Scenario {
+        name,
+        shape,
+        buyers,
+        fault,
+        engines,
+        in_short,
+    };
+    vec![
+        s(
+            "duplicates",
+            Shape::Duplicates,
+            (1_500, 6_000),
+            None,
+            1,
+            true,
+        ),
+        s("sigkill", Shape::Unique, (2_000, 8_000), SigKill, 1, true),
+        s(
+            "pg_terminate",
+            Shape::HotSku,
+            (800, 20_000),
+            PgTerminate,
+            1,
+            true,
+        ),
+        s(
+            "fp_after_commit_before_ack",
+            Shape::Unique,
+            (1_500, 6_000),
+            Failpoint("after_commit_before_ack", 2),
+            1,
+            true,
+        ),
+        s(
+            "sigstop",
+            Shape::PaymentsRace,
+            (600, 2_000),
+            SigStop,
+            2,
+            false,
+        ),
+        s(
+            "hot_sku_sigkill",
+            Shape::HotSku,
+            (1_000, 20_000),
+            SigKill,
+            1,
+            false,
+        ),
+        s(
+            "payments_sigkill",
+            Shape::PaymentsRace,
+            (600, 2_000),
+            SigKill,
+            1,
+            false,
+        ),
+        s("pg_crash", Shape::Unique, (2_000, 8_000), PgCrash, 1, false),
+        s(
+            "rabbit_close",
+            Shape::Duplicates,
+            (1_500, 6_000),
+            RabbitClose,
+            1,
+            false,
+        ),
+        s(
+            "rabbit_restart",
+            Shape::Unique,
+            (2_000, 6_000),
+            RabbitRestart,
+            1,
+            false,
+        ),
+        s(
+            "redis_pause",
+            Shape::PaymentsRace,
+            (600, 2_000),
+            RedisPause,
+            1,
+            false,
+        ),
+        s(
+            "redis_kill",
+            Shape::PaymentsRace,
+            (600, 2_000),
+            RedisKill,
+            1,
+            false,
+        ),
+        s("net_cut", Shape::Unique, (2_000, 8_000), NetCut, 1, false),
+        s(
+            "fp_publish_before_confirm",
+            Shape::Unique,
+            (1_500, 6_000),
+            Failpoint("publish_before_confirm", 1),
+            1,
+            false,
+        ),
+        s(
+            "fp_outbox_after_confirm_before_sent",
+            Shape::Unique,
+            (1_500, 6_000),
+            Failpoint("outbox_after_confirm_before_sent", 5),
+            1,
+            false,
+        ),
+        s(
+            "fp_sweeper_between_claim_and_update",
+            Shape::PaymentsRace,
+            (600, 2_000),
+            Failpoint("sweeper_between_claim_and_update", 5),
+            1,
+            false,
+        ),
+        s(
+            "fp_compensation_after_redis_before_done",
+            Shape::Duplicates,
+            (1_500, 6_000),
+            Failpoint("compensation_after_redis_before_done", 5),
+            1,
+            false,
+        ),
+    ]
+}
+
+/// Crashes a failpoint scenario causes before the harness disarms it.
+const FAILPOINT_CRASHES: u32 = 4;
+
+/// Runs the selected scenarios and returns one account each.
+pub async fn run(args: &ChaosArgs) -> anyhow::Result<Vec<Account>> {
+    let selected: Vec<Scenario> = scenarios()
+        .into_iter()
+        .filter(|s| {
+            if args.scenario.is_empty() {
+                args.profile == Profile::Full || s.in_short
+            } else {
+                args.scenario.iter().any(|n| n == s.name)
+            }
+        })
+        .collect();
+    if selected.is_empty() {
+        anyhow::bail!("no scenario matches {:?}", args.scenario);
+    }
+    let dir = match &args.services_dir {
+        Some(dir) => dir.clone(),
+        None => std::env::temp_dir().join(format!("seckill-chaos-{}", uuid::Uuid::new_v4())),
+    };
+    let exe = match &args.engine {
+        Some(exe) => exe.clone(),
+        None => std::env::current_exe().context("locating the engine binary")?,
+    };
+    eprintln!("chaos: starting private services under {}", dir.display());
+    let cluster = Cluster::start(&dir)?;
+    let mut accounts = Vec::new();
+    let mut failure = None;
+    for scenario in &selected {
+        eprintln!("chaos: scenario {} ...", scenario.name);
+        match run_scenario(&cluster, &exe, scenario, args.profile).await {
+            Ok(account) => {
+                eprintln!("chaos: {}", account.summary());
+                accounts.push(account);
+            }
+            Err(e) => {
+                failure = Some(e.context(format!("scenario {}", scenario.name)));
+                break;
+            }
+        }
+    }
+    cluster.stop();
+    if args.services_dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    if let Some(report) = &args.report {
+        std::fs::write(report, account::markdown(&accounts, args.profile))
+            .with_context(|| format!("writing {}", report.display()))?;
+    }
+    match failure {
+        Some(e) => Err(e),
+        None => Ok(accounts),
+    }
+}
+
+/// Settings of one scenario: its own database, namespace and Redis prefix on the
+/// private services.
+fn scenario_settings(cluster: &Cluster, name: &str) -> anyhow::Result<Settings> {
+    let tag = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let figment = config::figment(None)
+        .merge(Serialized::default(
+            "database.url",
+            cluster.pg_url(&format!("chaos_{name}_{tag}")),
+        ))
+        .merge(Serialized::default("amqp.url", cluster.amqp_url()))
+        .merge(Serialized::default("redis.url", cluster.redis_url()))
+        .merge(Serialized::default(
+            "amqp.namespace",
+            format!("chaos-{tag}"),
+        ))
+        .merge(Serialized::default(
+            "redis.key_prefix",
+            format!("chaos-{tag}"),
+        ))
+        .merge(Serialized::default("amqp.shards", 2))
+        // Queue arguments: the harness declares the topology too, so it must agree
+        // with the engines (see engine_env).
+        .merge(Serialized::default("amqp.retry_delay_ms", 200));
+    Ok(Settings::from_figment(&figment)?)
+}
+
+fn engine_env(settings: &Settings, node: usize) -> Vec<(String, String)> {
+    use secrecy::ExposeSecret;
+    let pairs = [
+        (
+            "SECKILL__DATABASE__URL",
+            settings.database.url.expose_secret().to_owned(),
+        ),
+        (
+            "SECKILL__AMQP__URL",
+            settings.amqp.url.expose_secret().to_owned(),
+        ),
+        (
+            "SECKILL__REDIS__URL",
+            settings.redis.url.expose_secret().to_owned(),
+        ),
+        ("SECKILL__AMQP__NAMESPACE", settings.amqp.namespace.clone()),
+        (
+            "SECKILL__REDIS__KEY_PREFIX",
+            settings.redis.key_prefix.clone(),
+        ),
+        ("SECKILL__AMQP__SHARDS", settings.amqp.shards.to_string()),
+        ("SECKILL__AMQP__RETRY_DELAY_MS", "200".into()),
+        // Long outages must not turn valid messages into dead letters.
+        ("SECKILL__AMQP__MAX_RETRIES", "200".into()),
+        ("SECKILL__OUTBOX__LEASE_MS", "1500".into()),
+        ("SECKILL__COMPENSATION__LEASE_MS", "1500".into()),
+        ("SECKILL__SWEEPER__INTERVAL_MS", "100".into()),
+        ("SECKILL__SHUTDOWN__GRACE_MS", "5000".into()),
+        ("SECKILL__ENGINE__NODE_ID", (node + 1).to_string()),
+        ("SECKILL__HTTP__ADDR", "127.0.0.1:0".into()),
+        ("SECKILL__TELEMETRY__FORMAT", "json".into()),
+        ("RUST_LOG", "info".into()),
+    ];
+    pairs.into_iter().map(|(k, v)| (k.to_owned(), v)).collect()
+}
+
+/// What the fault task did.
+#[derive(Default)]
+pub struct FaultLog {
+    pub injected: u32,
+    /// When each fault ended (the engine restarted, the service came back, ...).
+    pub healed: Vec<Instant>,
+}
+
+async fn run_scenario(
+    cluster: &Cluster,
+    exe: &Path,
+    scenario: &Scenario,
+    profile: Profile,
+) -> anyhow::Result<Account> {
+    let started = Instant::now();
+    let settings = scenario_settings(cluster, scenario.name)?;
+    store::migrate::migrate(&store::admin_pg_config(&settings.database)?).await?;
+    let buyers = match profile {
+        Profile::Short => scenario.buyers.0,
+        Profile::Full => scenario.buyers.1,
+    };
+    let plan = Plan::new(scenario.shape, buyers, 7, &settings.amqp);
+    account::prepare(&settings, &plan).await?;
+
+    let logs = cluster
+        .dir
+        .join(format!("engine-{}", settings.amqp.namespace));
+    std::fs::create_dir_all(&logs)?;
+    let mut started_engines = Vec::new();
+    for i in 0..scenario.engines {
+        let mut e = EngineProc::new(
+            exe,
+            engine_env(&settings, i),
+            logs.join(format!("engine-{i}.log")),
+        );
+        if let Fault::Failpoint(name, percent) = scenario.fault {
+            e.failpoints = Some(format!("{name}={percent}%return"));
+        }
+        e.spawn()?;
+        if !e.wait_ready(Duration::from_secs(60)).await {
+            anyhow::bail!("engine {i} never became ready (log in {})", logs.display());
+        }
+        started_engines.push(e);
+    }
+    let engines = Rc::new(RefCell::new(started_engines));
+
+    let progress = account::Progress::start(&settings).await?;
+    let stop = Rc::new(Cell::new(false));
+    let faults = Rc::new(RefCell::new(FaultLog::default()));
+    let fault_task = actix_rt::spawn(inject(
+        scenario.fault,
+        ClusterRef::new(cluster),
+        settings.clone(),
+        engines.clone(),
+        stop.clone(),
+        faults.clone(),
+    ));
+
+    // Slow enough that the faults land while work is still arriving.
+    let rate = match profile {
+        Profile::Short => 200,
+        Profile::Full => 500,
+    };
+    let published = workload::publish(
+        &settings.amqp,
+        &plan.messages,
+        rate,
+        Duration::from_secs(600),
+    )
+    .await;
+    eprintln!(
+        "chaos: published {} of {} ({} attempts); faults go on for 3 s more",
+        published.confirmed.len(),
+        plan.messages.len(),
+        published.attempts
+    );
+    // Faults keep coming while the backlog drains, for a while.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    stop.set(true);
+    let _ = fault_task.await;
+    heal(cluster, &engines).await?;
+    eprintln!("chaos: healed; draining");
+
+    let drained =
+        account::wait_drained(&settings, &plan, &published, Duration::from_secs(240)).await;
+    eprintln!("chaos: drained = {drained}; stopping the engines");
+    // The fault task has ended: nothing else holds the engines now.
+    let mut all = std::mem::take(&mut *engines.borrow_mut());
+    for e in &mut all {
+        e.stop(Duration::from_secs(15)).await;
+    }
+    let faults = std::mem::take(&mut *faults.borrow_mut());
+    let log_files: Vec<PathBuf> = all.iter().map(|e| e.log.clone()).collect();
+    let samples = progress.stop().await;
+    account::account(account::Inputs {
+        scenario: scenario.name,
+        fault: scenario.fault,
+        settings: &settings,
+        plan: &plan,
+        published: &published,
+        faults: &faults,
+        samples: &samples,
+        logs: &log_files,
+        drained,
+        redis_trusted: scenario.fault != Fault::RedisKill,
+        elapsed: started.elapsed(),
+    })
+    .await
+}
+
+/// The cluster as the fault task needs it (ports and directory; no ownership).
+#[derive(Clone)]
+struct ClusterRef {
+    dir: PathBuf,
+    ports: (u16, u16, u16),
+}
+
+impl ClusterRef {
+    fn new(c: &Cluster) -> Self {
+        Self {
+            dir: c.dir.clone(),
+            ports: (c.pg_port, c.amqp_port, c.redis_port),
+        }
+    }
+    fn get(&self) -> Cluster {
+        Cluster {
+            dir: self.dir.clone(),
+            pg_port: self.ports.0,
+            amqp_port: self.ports.1,
+            redis_port: self.ports.2,
+        }
+    }
+}
+
+/// Brings every service and engine back before draining.
+async fn heal(cluster: &Cluster, engines: &Rc<RefCell<Vec<EngineProc>>>) -> anyhow::Result<()> {
+    for rule in cluster.net_rules() {
+        // Rules still in place from an interrupted cut; an absent rule is fine.
+        while cluster::iptables("-D", &rule).is_ok() {}
+    }
+    cluster.services(&["up"])?;
+    let _ = cluster.rabbitmqctl(&["start_app"]);
+    if let Ok(mut redis) = cluster.redis().await {
+        let _: Result<(), _> = ::redis::cmd("CLIENT")
+            .arg("UNPAUSE")
+            .query_async(&mut redis)
+            .await;
+    }
+    for e in engines.borrow_mut().iter_mut() {
+        let _ = e.sigcont();
+        if e.exited() {
+            e.failpoints = None;
+            e.spawn()?;
+        }
+    }
+    Ok(())
+}
+
+/// Restarts engines that died (failpoint aborts); injects the scenario's fault on
+/// its schedule until `stop`.
+async fn inject(
+    fault: Fault,
+    cluster: ClusterRef,
+    settings: Settings,
+    engines: Rc<RefCell<Vec<EngineProc>>>,
+    stop: Rc<Cell<bool>>,
+    log: Rc<RefCell<FaultLog>>,
+) {
+    let cluster = cluster.get();
+    let mut next = Instant::now() + Duration::from_secs(2);
+    let mut crashes = 0u32;
+    let db_name = store::pg_config(&settings.database)
+        .ok()
+        .and_then(|c| c.get_dbname().map(str::to_owned))
+        .unwrap_or_default();
+    let mut admin: Option<tokio_postgres::Client> = None;
+    while !stop.get() {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        // Supervise: an engine that exited on its own is started again.
+        for e in engines.borrow_mut().iter_mut() {
+            if e.exited() {
+                crashes += 1;
+                if let Fault::Failpoint(..) = fault {
+                    log.borrow_mut().injected += 1;
+                }
+                if crashes >= FAILPOINT_CRASHES {
+                    e.failpoints = None;
+                }
+                if e.spawn().is_ok() {
+                    log.borrow_mut().healed.push(Instant::now());
+                }
+            }
+        }
+        if Instant::now() < next {
+            continue;
+        }
+        let mut rng = rand::rng();
+        let result: anyhow::Result<()> = async {
+            match fault {
+                Fault::None | Fault::Failpoint(..) => {
+                    next = Instant::now() + Duration::from_secs(3600);
+                }
+                Fault::SigKill => {
+                    {
+                        let mut all = engines.borrow_mut();
+                        let e = &mut all[0];
+                        e.kill9();
+                        e.spawn()?;
+                    }
+                    log.borrow_mut().injected += 1;
+                    log.borrow_mut().healed.push(Instant::now());
+                    next = Instant::now() + Duration::from_millis(rng.random_range(2_000..5_000));
+                }
+                Fault::SigStop => {
+                    engines.borrow()[0].sigstop()?;
+                    // Longer than the outbox and compensation leases (1.5 s).
+                    tokio::time::sleep(Duration::from_millis(4_000)).await;
+                    engines.borrow()[0].sigcont()?;
+                    log.borrow_mut().injected += 1;
+                    log.borrow_mut().healed.push(Instant::now());
+                    next = Instant::now() + Duration::from_secs(3);
+                }
+                Fault::PgTerminate => {
+                    if admin.is_none() {
+                        let mut config = store::admin_pg_config(&settings.database)?;
+                        config.application_name("seckill-chaos");
+                        admin = Some(store::connect(&config).await?);
+                    }
+                    if let Some(client) = &admin {
+                        let killed = client
+                            .query(
+                                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity
+                                 WHERE datname = $1 AND pid <> pg_backend_pid()
+                                   AND application_name <> 'seckill-chaos'",
+                                &[&db_name],
+                            )
+                            .await;
+                        match killed {
+                            Ok(rows) if !rows.is_empty() => {
+                                log.borrow_mut().injected += 1;
+                                log.borrow_mut().healed.push(Instant::now());
+                            }
+                            Ok(_) => {}
+                            Err(_) => admin = None,
+                        }
+                    }
+                    next = Instant::now() + Duration::from_secs(1);
+                }
+                Fault::PgCrash => {
+                    cluster.pg_crash().await?;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    cluster.services(&["up"])?;
+                    log.borrow_mut().injected += 1;
+                    log.borrow_mut().healed.push(Instant::now());
+                    next = Instant::now() + Duration::from_secs(8);
+                }
+                Fault::RabbitClose => {
+                    cluster.rabbitmqctl(&["close_all_connections", "chaos"])?;
+                    log.borrow_mut().injected += 1;
+                    log.borrow_mut().healed.push(Instant::now());
+                    next = Instant::now() + Duration::from_secs(3);
+                }
+                Fault::RabbitRestart => {
+                    cluster.rabbitmqctl(&["stop_app"])?;
+                    tokio::time::sleep(Duration::from_secs(2)).await;
+                    cluster.rabbitmqctl(&["start_app"])?;
+                    log.borrow_mut().injected += 1;
+                    log.borrow_mut().healed.push(Instant::now());
+                    next = Instant::now() + Duration::from_secs(10);
+                }
+                Fault::RedisPause => {
+                    let mut redis = cluster.redis().await?;
+                    let _: () = ::redis::cmd("CLIENT")
+                        .arg("PAUSE")
+                        .arg(2_500)
+                        .arg("ALL")
+                        .query_async(&mut redis)
+                        .await?;
+                    log.borrow_mut().injected += 1;
+                    tokio::time::sleep(Duration::from_millis(2_500)).await;
+                    log.borrow_mut().healed.push(Instant::now());
+                    next = Instant::now() + Duration::from_secs(4);
+                }
+                Fault::NetCut => {
+                    let rules = cluster.net_rules();
+                    cluster::iptables_ensure()?;
+                    for rule in &rules {
+                        cluster::iptables("-I", rule)?;
+                    }
+                    log.borrow_mut().injected += 1;
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    for rule in &rules {
+                        cluster::iptables("-D", rule)?;
+                    }
+                    log.borrow_mut().healed.push(Instant::now());
+                    next = Instant::now() + Duration::from_secs(7);
+                }
+                Fault::RedisKill => {
+                    let mut redis = cluster.redis().await?;
+                    let _: Result<(), _> = ::redis::cmd("SHUTDOWN")
+                        .arg("NOSAVE")
+                        .query_async(&mut redis)
+                        .await;
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    cluster.services(&["up"])?;
+                    log.borrow_mut().injected += 1;
+                    log.borrow_mut().healed.push(Instant::now());
+                    next = Instant::now() + Duration::from_secs(8);
+                }
+            }
+            Ok(())
+        }
+        .await;
+        if let Err(e) = result {
+            eprintln!("chaos: fault {fault:?} failed: {e:#}");
+            next = Instant::now() + Duration::from_secs(1);
+        }
+    }
+}
