@@ -541,9 +541,39 @@ fn recovery(faults: &FaultLog, samples: &[(Instant, i64)]) -> (Option<u64>, Opti
     (pick(0.5), pick(0.99))
 }
 
-/// The Markdown report of a run.
+/// The Markdown report of a run: how it was made, then one row per scenario.
 pub fn markdown(accounts: &[Account], profile: Profile) -> String {
-    let mut out = String::new();
+    let cpus = std::thread::available_parallelism().map_or(0, |n| n.get());
+    let mem_gib = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| {
+            m.lines()
+                .find(|l| l.starts_with("MemTotal:"))
+                .and_then(|l| l.split_whitespace().nth(1)?.parse::<f64>().ok())
+        })
+        .map_or(0.0, |kib| kib / 1024.0 / 1024.0);
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    let command: Vec<String> = std::env::args().collect();
+    let mut out = format!(
+        "# Reliability: the fault-injection account\n\n\
+         Written by `seckill-engine chaos` (cargo feature `chaos`); do not edit by hand.\n\n\
+         - Command: `{}`\n- Date: {}\n- Machine: {cpus} CPUs, {mem_gib:.0} GiB, Linux {}; \
+         PostgreSQL, RabbitMQ and Redis private instances started by `scripts/services` on the same machine\n\n\
+         Each scenario runs on its own database, namespace and Redis prefix: the harness publishes the \
+         workload with confirms (1% poison), injects its fault on a schedule while the workload runs and \
+         3 s after, heals everything, waits for the backlog to drain, stops the engines with SIGTERM and \
+         accounts for every message the broker confirmed. *lost*: confirmed, no inbox row, not \
+         dead-lettered. *duplicated*: more than one order per reservation or per user, ledger rows or \
+         successful payments repeated. *unexpected*: orders or inbox rows for nothing the harness sent. \
+         *commit unknown (found committed)*: transactions whose COMMIT got no clean answer, and how many of \
+         them the redelivery found already committed. *events lost*: outbox rows never received on the \
+         events exchange (redelivered events are allowed: consumers dedup by event id). *Redis drift*: \
+         Redis stock minus loaded stock minus completed give-backs. *recover*: from the end of a fault to \
+         the next committed message.\n\n",
+        command.join(" "),
+        Utc::now().format("%Y-%m-%d %H:%M UTC"),
+        kernel.trim()
+    );
     out.push_str(&format!(
         "| scenario | fault | attempted | broker-acked | with effect | lost | duplicated | unexpected | commit unknown (found committed) | oversold | conservation errors | dead-lettered / poison | events lost (redelivered) | Redis drift | faults | recover p50 / p99 ms | orders | drained | s |\n|{}\n",
         "---|".repeat(19)

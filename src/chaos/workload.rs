@@ -246,6 +246,7 @@ pub async fn publish(
     let mut publisher: Option<(lapin::Connection, ConfirmedPublisher)> = None;
     let window = 64;
     let mut next = 0;
+    let mut sent = vec![false; messages.len()];
     while next < messages.len() && started.elapsed() < deadline {
         let now = started.elapsed();
         if let Some(wait) = messages[next].at.checked_sub(now).filter(|w| !w.is_zero()) {
@@ -280,12 +281,11 @@ pub async fn publish(
                 }
             }
         };
-        let due: Vec<&Outgoing> = messages[next..end]
-            .iter()
-            .filter(|m| !out.confirmed.contains(&m.message_id))
-            .collect();
+        // Per copy, not per id: the duplicates workload sends one id several times.
+        let due: Vec<usize> = (next..end).filter(|i| !sent[*i]).collect();
         out.attempts += due.len() as u64;
-        let sends = futures_util::future::join_all(due.iter().map(|m| {
+        let sends = futures_util::future::join_all(due.iter().map(|i| {
+            let m = &messages[*i];
             current.publish(
                 &m.exchange,
                 &m.routing_key,
@@ -302,10 +302,11 @@ pub async fn publish(
                 .collect(),
         };
         let mut all_ok = true;
-        for (m, r) in due.iter().zip(results) {
+        for (i, r) in due.iter().zip(results) {
             match r {
                 Ok(()) => {
-                    out.confirmed.insert(m.message_id.clone());
+                    sent[*i] = true;
+                    out.confirmed.insert(messages[*i].message_id.clone());
                 }
                 Err(_) => all_ok = false,
             }
