@@ -72,6 +72,15 @@ pub struct BenchArgs {
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// First run the database-only baseline (bench/pgbench: the engine's order
+    /// transaction replayed by pgbench, same bucket count) for this many seconds,
+    /// and report the engine's figure as a ratio of it.
+    #[arg(long)]
+    pub pgbench_seconds: Option<u64>,
+    /// pgbench clients for the baseline (default: the pool size, the most
+    /// transactions the engine runs at once).
+    #[arg(long)]
+    pub pgbench_clients: Option<u32>,
 }
 
 #[derive(Debug, Serialize)]
@@ -93,6 +102,18 @@ pub struct Report {
     pub outcomes: BTreeMap<String, i64>,
     pub checks: BTreeMap<String, i64>,
     pub passed: bool,
+    /// The pgbench baseline of the same run, when asked for.
+    pub baseline: Option<Baseline>,
+}
+
+/// The database-only figure: `bench/pgbench/run` on the same server.
+#[derive(Debug, Serialize)]
+pub struct Baseline {
+    pub clients: u32,
+    pub orders_per_second: f64,
+    pub latency_ms: f64,
+    /// The engine's orders/s divided by the baseline's.
+    pub engine_ratio: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -117,6 +138,15 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
         .await
         .context("connecting to PostgreSQL")?;
     migrate::verify(&mut db).await?;
+    let baseline = match args.pgbench_seconds {
+        Some(seconds) => {
+            let clients = args
+                .pgbench_clients
+                .unwrap_or(settings.database.pool_size);
+            Some(pgbench(&config, args.buckets, clients, seconds)?)
+        }
+        None => None,
+    };
     let now = Utc::now();
     let spec = ActivitySpec {
         activity_id,
@@ -214,6 +244,12 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
             .map(|c| (c.name.to_owned(), c.violations))
             .collect(),
         passed,
+        baseline: baseline.map(|(clients, orders, latency)| Baseline {
+            clients,
+            orders_per_second: orders,
+            latency_ms: latency,
+            engine_ratio: (sold as f64 / window) / orders.max(1e-9),
+        }),
     };
     print_report(&report);
     if let Some(path) = &args.json {
@@ -221,6 +257,53 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(report)
+}
+
+/// Runs `bench/pgbench/run` against the engine's PostgreSQL server: (clients,
+/// orders/s, latency ms).
+fn pgbench(
+    config: &tokio_postgres::Config,
+    buckets: i16,
+    clients: u32,
+    seconds: u64,
+) -> anyhow::Result<(u32, f64, f64)> {
+    let host = match config.get_hosts().first() {
+        Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
+        _ => "127.0.0.1".to_owned(),
+    };
+    let port = config.get_ports().first().copied().unwrap_or(5432);
+    let user = config.get_user().unwrap_or("postgres");
+    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/pgbench/run");
+    println!("bench: pgbench baseline, {buckets} buckets, {clients} clients, {seconds} s ...");
+    let out = std::process::Command::new(&script)
+        .args([
+            "--buckets",
+            &buckets.to_string(),
+            "--clients",
+            &clients.to_string(),
+            "--seconds",
+            &seconds.to_string(),
+        ])
+        .env("PGHOST", host)
+        .env("PGPORT", port.to_string())
+        .env("PGUSER", user)
+        .stderr(std::process::Stdio::inherit())
+        .output()
+        .with_context(|| format!("running {}", script.display()))?;
+    let text = String::from_utf8_lossy(&out.stdout);
+    if !out.status.success() {
+        bail!("{} failed ({}): {text}", script.display(), out.status);
+    }
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("pgbench "))
+        .with_context(|| format!("no result line in: {text}"))?;
+    let field = |name: &str| {
+        line.split_whitespace()
+            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse::<f64>().ok())
+            .with_context(|| format!("no {name} in {line}"))
+    };
+    Ok((clients, field("orders_per_s")?, field("latency_ms")?))
 }
 
 fn bar_style(what: &str) -> ProgressStyle {
@@ -392,6 +475,12 @@ fn print_report(r: &Report) {
         None => println!("  not sold out"),
     }
     println!("  orders/s           {:.0}", r.orders_per_second);
+    if let Some(b) = &r.baseline {
+        println!(
+            "  pgbench baseline   {:.0} orders/s ({} clients, {:.1} ms per transaction); engine/baseline {:.2}",
+            b.orders_per_second, b.clients, b.latency_ms, b.engine_ratio
+        );
+    }
     println!(
         "  latency ms         p50 {:.1}  p95 {:.1}  p99 {:.1}  max {:.1}",
         r.latency_ms.p50, r.latency_ms.p95, r.latency_ms.p99, r.latency_ms.max
