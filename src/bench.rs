@@ -140,9 +140,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
     migrate::verify(&mut db).await?;
     let baseline = match args.pgbench_seconds {
         Some(seconds) => {
-            let clients = args
-                .pgbench_clients
-                .unwrap_or(settings.database.pool_size);
+            let clients = args.pgbench_clients.unwrap_or(settings.database.pool_size);
             Some(pgbench(&config, args.buckets, clients, seconds)?)
         }
         None => None,
@@ -300,7 +298,12 @@ fn pgbench(
         .with_context(|| format!("no result line in: {text}"))?;
     let field = |name: &str| {
         line.split_whitespace()
-            .find_map(|kv| kv.strip_prefix(name)?.strip_prefix('=')?.parse::<f64>().ok())
+            .find_map(|kv| {
+                kv.strip_prefix(name)?
+                    .strip_prefix('=')?
+                    .parse::<f64>()
+                    .ok()
+            })
             .with_context(|| format!("no {name} in {line}"))
     };
     Ok((clients, field("orders_per_s")?, field("latency_ms")?))

@@ -155,6 +155,7 @@ pub struct RedisSettings {
 pub struct EngineSettings {
     pub db_permits: u32,
     pub node_id: u16,
+    pub batch_max_size: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -319,6 +320,12 @@ impl Settings {
             return Err(invalid(
                 "redis.key_prefix",
                 "must be 1-64 characters of a-z, A-Z, 0-9, '_', '-' or '.'".into(),
+            ));
+        }
+        if !(1..=1024).contains(&self.engine.batch_max_size) {
+            return Err(invalid(
+                "engine.batch_max_size",
+                "must be between 1 and 1024".into(),
             ));
         }
         if self.engine.node_id > crate::domain::ids::MAX_NODE_ID {

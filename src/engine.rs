@@ -82,6 +82,7 @@ impl Engine {
             lock_timeout: format!("{}ms", settings.database.lock_timeout_ms),
             statement_timeout: format!("{}ms", settings.database.statement_timeout_ms),
             max_attempts: settings.database.tx_max_attempts,
+            batch_max_size: settings.engine.batch_max_size as usize,
         });
         let buckets = Registry::new("bucket", move |key: &BucketKey| {
             BucketActor::new(*key, shared.clone()).start()

@@ -1,8 +1,11 @@
 //! The bucket actor owns all database work for one inventory row (activity, sku,
 //! bucket): it runs that bucket's order transactions one at a time, so inside one
 //! engine instance the hot row is never contended and never waits on a PostgreSQL row
-//! lock. Group commit (many orders per transaction) will live here too.
+//! lock. Group commit lives here: while a transaction runs, the orders that arrive
+//! wait in the actor, and the next transaction takes up to `engine.batch_max_size`
+//! of them in arrival order (one COMMIT for all).
 
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -11,8 +14,10 @@ use actix::prelude::*;
 use crate::domain::ids::IdGenerator;
 use crate::domain::message::OrderCreateMessage;
 use crate::domain::outcome::{ErrorClass, OrderOutcome, ResultCode};
-use crate::store::orders::{create_order, load_bucket_sku, OrderTxContext};
+use crate::store::orders::{create_orders, load_bucket_sku, OrderInput, OrderTxContext};
 use crate::store::{Pool, StoreError};
+use futures_util::future::LocalBoxFuture;
+use tokio::sync::oneshot;
 
 /// Identifies one inventory row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -40,6 +45,8 @@ pub struct BucketShared {
     pub lock_timeout: String,
     pub statement_timeout: String,
     pub max_attempts: u32,
+    /// Orders per transaction at most (1: one transaction per message).
+    pub batch_max_size: usize,
 }
 
 pub struct BucketActor {
@@ -47,6 +54,11 @@ pub struct BucketActor {
     shared: Arc<BucketShared>,
     /// SKU title snapshot, loaded with the first order of this actor's life.
     sku_title: Option<String>,
+    /// Orders waiting for the next transaction, in arrival order. Bounded by the
+    /// DB permits: an order is routed here only under a permit.
+    waiting: VecDeque<(RunOrder, oneshot::Sender<Result<OrderOutcome, ErrorClass>>)>,
+    /// A transaction is running.
+    busy: bool,
 }
 
 /// Run the order transaction for one message of this bucket.
@@ -64,7 +76,37 @@ impl BucketActor {
             key,
             shared,
             sku_title: None,
+            waiting: VecDeque::new(),
+            busy: false,
         }
+    }
+
+    /// Starts the next transaction if none runs and orders wait.
+    fn next_batch(&mut self, ctx: &mut Context<Self>) {
+        if self.busy || self.waiting.is_empty() {
+            return;
+        }
+        self.busy = true;
+        let n = self.waiting.len().min(self.shared.batch_max_size.max(1));
+        let batch: Vec<_> = self.waiting.drain(..n).collect();
+        let (runs, replies): (Vec<RunOrder>, Vec<_>) = batch.into_iter().unzip();
+        let (shared, key, cached) = (self.shared.clone(), self.key, self.sku_title.clone());
+        let work = async move {
+            let mut title = cached;
+            let results = run_group(&shared, key, &mut title, &runs).await;
+            for (reply, result) in replies.into_iter().zip(results) {
+                // The asker may have gone (shutdown); its message is redelivered.
+                let _ = reply.send(result);
+            }
+            title
+        };
+        ctx.spawn(work.into_actor(self).map(|title, actor, ctx| {
+            if title.is_some() {
+                actor.sku_title = title;
+            }
+            actor.busy = false;
+            actor.next_batch(ctx);
+        }));
     }
 }
 
@@ -73,109 +115,159 @@ impl Actor for BucketActor {
 }
 
 impl Handler<RunOrder> for BucketActor {
-    // Atomic: the next message waits until this transaction has ended.
-    type Result = AtomicResponse<Self, Result<OrderOutcome, ErrorClass>>;
+    type Result = ResponseFuture<Result<OrderOutcome, ErrorClass>>;
 
-    fn handle(&mut self, run: RunOrder, _: &mut Self::Context) -> Self::Result {
-        let shared = self.shared.clone();
-        let key = self.key;
-        let cached = self.sku_title.clone();
-        let work = async move {
-            let started = Instant::now();
-            let result = run_order(&shared, key, cached, &run).await;
-            let elapsed = started.elapsed();
-            let msg = &run.msg;
-            // The fields of seed §12.1; DEBUG, since it is one line per message.
-            match &result {
-                Ok(done) => {
-                    let outcome = &done.outcome;
-                    metrics::histogram!("seckill_order_tx_duration_seconds", "outcome" => outcome.label())
-                        .record(elapsed.as_secs_f64());
-                    tracing::debug!(
-                        request_id = %msg.request_id, reservation_id = %msg.reservation_id,
-                        message_id = %msg.message_id, order_id = outcome.order_id,
-                        activity_id = key.activity_id, sku_id = key.sku_id, user_id = msg.user_id,
-                        bucket = key.bucket, consumer_group = %shared.consumer_group,
-                        attempt = done.attempts,
-                        // The conditional stock UPDATE took a unit exactly when the
-                        // message created its order.
-                        affected_rows = u8::from(outcome.code == ResultCode::OrderCreated && !outcome.duplicate),
-                        db_duration_ms = elapsed.as_millis() as u64,
-                        pool_acquire_ms = done.pool_acquire.as_millis() as u64,
-                        commit_result = outcome.label(),
-                        "order transaction committed"
-                    );
+    fn handle(&mut self, run: RunOrder, ctx: &mut Self::Context) -> Self::Result {
+        let (reply, answer) = oneshot::channel();
+        self.waiting.push_back((run, reply));
+        self.next_batch(ctx);
+        Box::pin(async move {
+            answer
+                .await
+                .unwrap_or(Err(ErrorClass::Transient("bucket_stopped")))
+        })
+    }
+}
+
+/// Runs `runs` in one transaction; if it fails for a reason retrying cannot fix
+/// (a message the data rejects), splits it in halves and tries again, down to
+/// single messages, so one bad message never takes the others with it. Transient
+/// failures and unknown commits are answered for the whole group: the messages are
+/// retried later, and the inbox answers any that did commit.
+fn run_group<'a>(
+    shared: &'a BucketShared,
+    key: BucketKey,
+    title: &'a mut Option<String>,
+    runs: &'a [RunOrder],
+) -> LocalBoxFuture<'a, Vec<Result<OrderOutcome, ErrorClass>>> {
+    Box::pin(async move {
+        let started = Instant::now();
+        let result = run_orders(shared, key, title, runs).await;
+        let elapsed = started.elapsed();
+        match result {
+            Ok(done) => {
+                for (run, outcome) in runs.iter().zip(&done.outcomes) {
+                    log_committed(shared, key, run, outcome, &done, elapsed);
                 }
-                Err(e) => {
-                    tracing::debug!(
-                        request_id = %msg.request_id, reservation_id = %msg.reservation_id,
-                        message_id = %msg.message_id, activity_id = key.activity_id,
-                        sku_id = key.sku_id, user_id = msg.user_id, bucket = key.bucket,
-                        consumer_group = %shared.consumer_group, sqlstate = e.sqlstate(),
-                        db_duration_ms = elapsed.as_millis() as u64,
-                        commit_result = e.class().label(), error = %e,
-                        "order transaction failed"
-                    );
-                    metrics::histogram!("seckill_order_tx_duration_seconds", "outcome" => "error")
-                        .record(elapsed.as_secs_f64());
+                done.outcomes.into_iter().map(Ok).collect()
+            }
+            Err(e) => {
+                let class = e.class();
+                for run in runs {
+                    log_failed(shared, key, run, &e, elapsed);
+                }
+                if runs.len() > 1 && matches!(class, ErrorClass::Fatal(_)) {
+                    let (left, right) = runs.split_at(runs.len() / 2);
+                    let mut results = run_group(shared, key, title, left).await;
+                    results.extend(run_group(shared, key, title, right).await);
+                    results
+                } else {
+                    runs.iter().map(|_| Err(class.clone())).collect()
                 }
             }
-            result
-        };
-        AtomicResponse::new(Box::pin(work.into_actor(self).map(
-            |result, actor, _| match result {
-                Ok(done) => {
-                    actor.sku_title = Some(done.sku_title);
-                    Ok(done.outcome)
-                }
-                Err(e) => Err(e.class()),
-            },
-        )))
-    }
+        }
+    })
+}
+
+/// The fields of seed §12.1, one DEBUG line per message.
+fn log_committed(
+    shared: &BucketShared,
+    key: BucketKey,
+    run: &RunOrder,
+    outcome: &OrderOutcome,
+    done: &Done,
+    elapsed: std::time::Duration,
+) {
+    let msg = &run.msg;
+    metrics::histogram!("seckill_order_tx_duration_seconds", "outcome" => outcome.label())
+        .record(elapsed.as_secs_f64());
+    tracing::debug!(
+        request_id = %msg.request_id, reservation_id = %msg.reservation_id,
+        message_id = %msg.message_id, order_id = outcome.order_id,
+        activity_id = key.activity_id, sku_id = key.sku_id, user_id = msg.user_id,
+        bucket = key.bucket, consumer_group = %shared.consumer_group,
+        attempt = done.attempts, batch = done.outcomes.len(),
+        // The conditional stock UPDATE took a unit exactly when the message created
+        // its order.
+        affected_rows = u8::from(outcome.code == ResultCode::OrderCreated && !outcome.duplicate),
+        db_duration_ms = elapsed.as_millis() as u64,
+        pool_acquire_ms = done.pool_acquire.as_millis() as u64,
+        commit_result = outcome.label(),
+        "order transaction committed"
+    );
+}
+
+fn log_failed(
+    shared: &BucketShared,
+    key: BucketKey,
+    run: &RunOrder,
+    e: &StoreError,
+    elapsed: std::time::Duration,
+) {
+    let msg = &run.msg;
+    metrics::histogram!("seckill_order_tx_duration_seconds", "outcome" => "error")
+        .record(elapsed.as_secs_f64());
+    tracing::debug!(
+        request_id = %msg.request_id, reservation_id = %msg.reservation_id,
+        message_id = %msg.message_id, activity_id = key.activity_id,
+        sku_id = key.sku_id, user_id = msg.user_id, bucket = key.bucket,
+        consumer_group = %shared.consumer_group, sqlstate = e.sqlstate(),
+        db_duration_ms = elapsed.as_millis() as u64,
+        commit_result = e.class().label(), error = %e,
+        "order transaction failed"
+    );
 }
 
 /// A committed order transaction and what it cost.
 struct Done {
-    outcome: OrderOutcome,
-    sku_title: String,
+    outcomes: Vec<OrderOutcome>,
     attempts: u32,
     pool_acquire: std::time::Duration,
 }
 
-async fn run_order(
+async fn run_orders(
     shared: &BucketShared,
     key: BucketKey,
-    cached_title: Option<String>,
-    run: &RunOrder,
+    title: &mut Option<String>,
+    runs: &[RunOrder],
 ) -> Result<Done, StoreError> {
     let acquire = Instant::now();
     let mut conn = shared.pool.get().await?;
     let pool_acquire = acquire.elapsed();
     metrics::histogram!("seckill_db_pool_acquire_seconds").record(pool_acquire.as_secs_f64());
-    let title = match cached_title {
-        Some(title) => title,
-        None => load_bucket_sku(&mut conn, key.activity_id, key.sku_id, key.bucket)
-            .await?
-            .ok_or_else(|| {
-                StoreError::Anomaly(format!(
-                    "unknown inventory bucket (activity {}, sku {}, bucket {})",
-                    key.activity_id, key.sku_id, key.bucket
-                ))
-            })?,
+    let sku_title = match title {
+        Some(title) => title.clone(),
+        None => {
+            let loaded = load_bucket_sku(&mut conn, key.activity_id, key.sku_id, key.bucket)
+                .await?
+                .ok_or_else(|| {
+                    StoreError::Anomaly(format!(
+                        "unknown inventory bucket (activity {}, sku {}, bucket {})",
+                        key.activity_id, key.sku_id, key.bucket
+                    ))
+                })?;
+            *title = Some(loaded.clone());
+            loaded
+        }
     };
     let ctx = OrderTxContext {
         consumer_group: shared.consumer_group.clone(),
-        topic: run.topic.to_string(),
-        sku_title: title.clone(),
-        ledger_id: shared.ids.next_id(),
+        sku_title,
         lock_timeout: shared.lock_timeout.clone(),
         statement_timeout: shared.statement_timeout.clone(),
         max_attempts: shared.max_attempts,
     };
-    let (outcome, attempts) = create_order(&mut conn, &ctx, &run.msg).await?;
+    let inputs: Vec<OrderInput<'_>> = runs
+        .iter()
+        .map(|run| OrderInput {
+            msg: &run.msg,
+            topic: &run.topic,
+            ledger_id: shared.ids.next_id(),
+        })
+        .collect();
+    let (outcomes, attempts) = create_orders(&mut conn, &ctx, &inputs).await?;
     Ok(Done {
-        outcome,
-        sku_title: title,
+        outcomes,
         attempts,
         pool_acquire,
     })

@@ -10,6 +10,7 @@ mod chaos;
 mod cli;
 mod deploy;
 mod frontstage;
+mod group_commit;
 mod pipeline;
 mod schema;
 mod services;

@@ -620,3 +620,67 @@ async fn intake_stops_consuming_while_postgres_is_unreachable_and_resumes_after(
     assert_invariants(&db).await;
     env.cleanup().await;
 }
+
+#[actix_rt::test]
+async fn group_commit_in_the_engine_keeps_every_promise_and_isolates_a_bad_message() {
+    let env = TestEnv::with(|f| {
+        f.merge(Serialized::default("engine.batch_max_size", 32))
+            .merge(Serialized::default("engine.db_permits", 64))
+            .merge(Serialized::default("amqp.prefetch", 64))
+    })
+    .await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 62, 1, 50, 1).await;
+    let mut msgs: Vec<_> = (1..=2_000).map(|user| order(62, 1, user, 0)).collect();
+    // Another reservation claiming an order id already taken: the data rejects it,
+    // and it must not take the rest of its batch down with it.
+    let mut clash = order(62, 1, 5_000, 0);
+    clash.order_id = msgs[10].order_id;
+    clash.order_no = msgs[10].order_no.clone();
+    msgs.insert(11, clash);
+    let copies: Vec<_> = msgs[..200].to_vec();
+    msgs.extend(copies);
+
+    let engine = EngineHandle::start(&env.settings).await;
+    let amqp = env.amqp().await;
+    builders::publish(&env, &amqp, &msgs).await;
+    wait_inbox(&db, 2_000).await;
+    let channel = amqp.create_channel().await.unwrap();
+    let dead_queue = env.names.order_dead_queue();
+    assert!(
+        wait_until(settle(), || async {
+            env.ready_count(&channel, &dead_queue).await == 2
+        })
+        .await,
+        "the losing one of the clashing pair is dead-lettered, with its redelivered copy"
+    );
+    let queue = env.names.order_queue(0);
+    assert!(
+        wait_until(settle(), || async {
+            env.ready_count(&channel, &queue).await == 0 && engine.stats.in_flight() == 0
+        })
+        .await,
+        "every copy settles"
+    );
+    engine.stop().await;
+    let dead = drain_dead_letters(&env, &channel).await;
+    assert!(
+        dead.iter()
+            .all(|(kind, reason, _)| kind == "processing_failed" && reason.contains("already used")),
+        "{dead:?}"
+    );
+
+    let r = results(&db).await;
+    assert_eq!(code(&r, "ORDER_CREATED"), 50, "{r:?}");
+    assert_eq!(code(&r, "POSTGRES_SOLD_OUT"), 1_950, "{r:?}");
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 50);
+    // Many messages shared a transaction: rows written together share their xmin.
+    let transactions = count(&db, "SELECT count(DISTINCT xmin::text) FROM consumer_inbox").await;
+    assert!(
+        transactions < 1_000,
+        "{transactions} transactions for 2,000 messages: no group commit happened"
+    );
+    assert_invariants(&db).await;
+    assert_all_acked(&env).await;
+    env.cleanup().await;
+}
