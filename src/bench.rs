@@ -21,7 +21,7 @@ use serde::Serialize;
 use uuid::Uuid;
 
 use crate::config::Settings;
-use crate::domain::ids::{order_no, IdGenerator};
+use crate::domain::ids::IdGenerator;
 use crate::domain::message::OrderCreateMessage;
 use crate::domain::shard::shard_for;
 use crate::mq::publisher::ConfirmedPublisher;
@@ -385,22 +385,13 @@ async fn drive_amqp(
     let msgs: Vec<OrderCreateMessage> = (1..=i64::from(args.buyers))
         .map(|user| {
             let order_id = ids.next_id();
-            OrderCreateMessage {
-                message_id: Uuid::now_v7(),
-                request_id: Uuid::now_v7(),
-                reservation_id: Uuid::now_v7(),
+            OrderCreateMessage::pre_reserved(
                 order_id,
-                order_no: order_no(order_id),
-                activity_id,
-                sku_id: 1,
-                user_id: user,
-                inventory_bucket: crate::redis::scripts::user_bucket(user, args.buckets),
-                unit_price: 9_900,
-                currency: "CNY".into(),
-                reserved_at: now,
-                reservation_ttl_ms: 600_000,
-                order_expire_at: now + TimeDelta::hours(1),
-            }
+                (activity_id, 1, user),
+                crate::redis::scripts::user_bucket(user, args.buckets),
+                now,
+                now + TimeDelta::hours(1),
+            )
         })
         .collect();
     // Redelivered copies: the same message (same message_id) again.

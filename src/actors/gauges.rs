@@ -9,8 +9,6 @@ use std::rc::Rc;
 use std::time::Duration;
 
 use futures_util::future::LocalBoxFuture;
-use lapin::options::QueueDeclareOptions;
-use lapin::types::FieldTable;
 
 use super::maintenance::{Outcome, Service, ServiceError};
 use crate::config::AmqpSettings;
@@ -88,19 +86,10 @@ impl Inner {
         };
         let _keep_alive = connection;
         for queue in &self.dead_queues {
-            let declared = channel
-                .queue_declare(
-                    queue.as_str().into(),
-                    QueueDeclareOptions {
-                        passive: true,
-                        ..QueueDeclareOptions::default()
-                    },
-                    FieldTable::default(),
-                )
-                .await;
+            let declared = crate::mq::queue_depth(&channel, queue).await;
             match declared {
-                Ok(q) => metrics::gauge!("seckill_dlq_messages", "queue" => queue.clone())
-                    .set(f64::from(q.message_count())),
+                Ok(depth) => metrics::gauge!("seckill_dlq_messages", "queue" => queue.clone())
+                    .set(f64::from(depth)),
                 Err(e) => {
                     // A failed passive declare closes the channel; open a new one next run.
                     *self.channel.borrow_mut() = None;

@@ -316,17 +316,7 @@ pub async fn account(i: Inputs<'_>) -> anyhow::Result<Account> {
     }
     let mut left_in_queues = 0;
     for queue in names.order_queues(i.settings.amqp.shards) {
-        let q = channel
-            .queue_declare(
-                queue.as_str().into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..QueueDeclareOptions::default()
-                },
-                FieldTable::default(),
-            )
-            .await?;
-        left_in_queues += q.message_count();
+        left_in_queues += crate::mq::queue_depth(&channel, &queue).await?;
     }
     crate::mq::close(&amqp, &[&channel]).await;
 

@@ -12,7 +12,7 @@ use rand::Rng;
 use uuid::Uuid;
 
 use crate::config::AmqpSettings;
-use crate::domain::ids::{order_no, IdGenerator, MAX_NODE_ID};
+use crate::domain::ids::{IdGenerator, MAX_NODE_ID};
 use crate::domain::message::OrderCreateMessage;
 use crate::domain::payment::PaymentCallback;
 use crate::domain::shard::shard_for;
@@ -94,22 +94,13 @@ impl Plan {
         let mut orders = Vec::new();
         for user in 1..=i64::from(buyers) {
             let order_id = ids.next_id();
-            let msg = OrderCreateMessage {
-                message_id: Uuid::now_v7(),
-                request_id: Uuid::now_v7(),
-                reservation_id: Uuid::now_v7(),
+            let msg = OrderCreateMessage::pre_reserved(
                 order_id,
-                order_no: order_no(order_id),
-                activity_id,
-                sku_id: 1,
-                user_id: user,
-                inventory_bucket: rng.random_range(0..buckets),
-                unit_price: 9_900,
-                currency: "CNY".into(),
-                reserved_at: now,
-                reservation_ttl_ms: 600_000,
-                order_expire_at: expire,
-            };
+                (activity_id, 1, user),
+                rng.random_range(0..buckets),
+                now,
+                expire,
+            );
             plan.reservations.insert(msg.reservation_id);
             let copies = match shape {
                 Shape::Unique | Shape::PaymentsRace => 1,
@@ -204,23 +195,13 @@ impl Plan {
         now: chrono::DateTime<Utc>,
         expire: chrono::DateTime<Utc>,
     ) -> OrderCreateMessage {
-        let order_id = ids.next_id();
-        OrderCreateMessage {
-            message_id: Uuid::now_v7(),
-            request_id: Uuid::now_v7(),
-            reservation_id: Uuid::now_v7(),
-            order_id,
-            order_no: order_no(order_id),
-            activity_id: self.activity_id,
-            sku_id: self.sku_id,
-            user_id: 1,
-            inventory_bucket: 0,
-            unit_price: 9_900,
-            currency: "CNY".into(),
-            reserved_at: now,
-            reservation_ttl_ms: 600_000,
-            order_expire_at: expire,
-        }
+        OrderCreateMessage::pre_reserved(
+            ids.next_id(),
+            (self.activity_id, self.sku_id, 1),
+            0,
+            now,
+            expire,
+        )
     }
 }
 

@@ -54,6 +54,33 @@ impl PoisonReason {
 }
 
 impl OrderCreateMessage {
+    /// A message for a reservation made just now, with fresh ids and a unit price of
+    /// 99.00 CNY: what the load generators (`bench`, the fault suite) send.
+    pub fn pre_reserved(
+        order_id: i64,
+        (activity_id, sku_id, user_id): (i64, i64, i64),
+        inventory_bucket: i16,
+        now: DateTime<Utc>,
+        order_expire_at: DateTime<Utc>,
+    ) -> Self {
+        Self {
+            message_id: Uuid::now_v7(),
+            request_id: Uuid::now_v7(),
+            reservation_id: Uuid::now_v7(),
+            order_id,
+            order_no: crate::domain::ids::order_no(order_id),
+            activity_id,
+            sku_id,
+            user_id,
+            inventory_bucket,
+            unit_price: 9_900,
+            currency: "CNY".into(),
+            reserved_at: now,
+            reservation_ttl_ms: 600_000,
+            order_expire_at,
+        }
+    }
+
     /// Decodes and validates a body.
     pub fn decode(body: &[u8]) -> Result<Self, PoisonReason> {
         if body.len() > MAX_BODY_BYTES {

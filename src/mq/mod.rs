@@ -43,6 +43,23 @@ pub async fn close(connection: &Connection, channels: &[&lapin::Channel]) {
     }
 }
 
+/// Messages ready in a queue (a passive declare: an absent queue is an error, and
+/// closes the channel).
+pub async fn queue_depth(channel: &lapin::Channel, queue: &str) -> Result<u32, MqError> {
+    use lapin::options::QueueDeclareOptions;
+    let declared = channel
+        .queue_declare(
+            queue.into(),
+            QueueDeclareOptions {
+                passive: true,
+                ..QueueDeclareOptions::default()
+            },
+            lapin::types::FieldTable::default(),
+        )
+        .await?;
+    Ok(declared.message_count())
+}
+
 /// An integer header, whatever integer width the publisher chose.
 pub fn int_header(props: &lapin::BasicProperties, name: &str) -> Option<i64> {
     use lapin::types::AMQPValue;
