@@ -86,6 +86,8 @@ pub struct Scenario {
     pub fault: Fault,
     pub engines: usize,
     pub in_short: bool,
+    /// Engine settings this scenario overrides (environment variables).
+    pub engine_env: &'static [(&'static str, &'static str)],
 }
 
 /// The matrix. The short profile is what CI runs.
@@ -98,6 +100,7 @@ pub fn scenarios() -> Vec<Scenario> {
         fault,
         engines,
         in_short,
+        engine_env: &[],
     };
     vec![
         s(
@@ -117,6 +120,20 @@ pub fn scenarios() -> Vec<Scenario> {
             1,
             true,
         ),
+        // One transaction per message: many more COMMITs for the terminations to
+        // land in, so the unknown-outcome path is exercised (grouped commits make
+        // a blind termination during COMMIT rare).
+        Scenario {
+            engine_env: &[("SECKILL__ENGINE__BATCH_MAX_SIZE", "1")],
+            ..s(
+                "pg_terminate_per_message",
+                Shape::HotSku,
+                (800, 20_000),
+                PgTerminate,
+                1,
+                false,
+            )
+        },
         s(
             "fp_after_commit_before_ack",
             Shape::Unique,
@@ -367,11 +384,14 @@ async fn run_scenario(
     std::fs::create_dir_all(&logs)?;
     let mut started_engines = Vec::new();
     for i in 0..scenario.engines {
-        let mut e = EngineProc::new(
-            exe,
-            engine_env(&settings, i),
-            logs.join(format!("engine-{i}.log")),
+        let mut env = engine_env(&settings, i);
+        env.extend(
+            scenario
+                .engine_env
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
         );
+        let mut e = EngineProc::new(exe, env, logs.join(format!("engine-{i}.log")));
         if let Fault::Failpoint(name, percent) = scenario.fault {
             e.failpoints = Some(format!("{name}={percent}%return"));
         }
