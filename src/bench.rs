@@ -77,6 +77,10 @@ pub struct BenchArgs {
     /// and report the engine's figure as a ratio of it.
     #[arg(long)]
     pub pgbench_seconds: Option<u64>,
+    /// amqp mode: publish at this many messages per second instead of all at once
+    /// (latency at a given load rather than behind a backlog).
+    #[arg(long)]
+    pub rate: Option<u32>,
     /// pgbench clients for the baseline (default: the pool size, the most
     /// transactions the engine runs at once).
     #[arg(long)]
@@ -413,11 +417,17 @@ async fn drive_amqp(
     let bodies: Vec<std::sync::OnceLock<Vec<u8>>> = (0..msgs.len())
         .map(|_| std::sync::OnceLock::new())
         .collect();
-    stream::iter(order)
-        .for_each_concurrent(args.concurrency, |i| {
+    let started = tokio::time::Instant::now();
+    let rate = args.rate.filter(|r| *r > 0).map(f64::from);
+    stream::iter(order.into_iter().enumerate())
+        .for_each_concurrent(args.concurrency, |(k, i)| {
             let (publisher, exchange, bar, failures, msgs, bodies) =
                 (&publisher, &exchange, &bar, &failures, &msgs, &bodies);
             async move {
+                if let Some(rate) = rate {
+                    let due = started + std::time::Duration::from_secs_f64(k as f64 / rate);
+                    tokio::time::sleep_until(due).await;
+                }
                 let m = &msgs[i];
                 let shard = shard_for(
                     m.activity_id,
