@@ -57,18 +57,8 @@ pub async fn start(
     .workers(1)
     .disable_signals()
     .bind(&settings.admin.addr)
-    .map_err(|source| HttpError::Bind {
-        addr: settings.admin.addr.clone(),
-        source,
-    })?;
-    let addr = server
-        .addrs()
-        .first()
-        .copied()
-        .ok_or_else(|| HttpError::Bind {
-            addr: settings.admin.addr.clone(),
-            source: std::io::Error::other("no address bound"),
-        })?;
+    .map_err(|source| super::bind_error(&settings.admin.addr, source))?;
+    let addr = super::bound_addr(&server.addrs(), &settings.admin.addr)?;
     tracing::info!(%addr, "admin endpoints listening");
     Ok(Running {
         server: server.run(),

@@ -25,6 +25,21 @@ pub enum HttpError {
     Mq(#[from] crate::mq::MqError),
 }
 
+fn bind_error(addr: &str, source: std::io::Error) -> HttpError {
+    HttpError::Bind {
+        addr: addr.to_owned(),
+        source,
+    }
+}
+
+/// The address a server actually bound (the configured one may have port 0).
+fn bound_addr(addrs: &[SocketAddr], configured: &str) -> Result<SocketAddr, HttpError> {
+    addrs
+        .first()
+        .copied()
+        .ok_or_else(|| bind_error(configured, std::io::Error::other("no address bound")))
+}
+
 /// A running HTTP server and the address it listens on (useful with port 0).
 pub struct Running {
     pub server: actix_web::dev::Server,
@@ -45,18 +60,8 @@ pub async fn start(settings: &Settings, pool: Pool) -> Result<Running, HttpError
     .workers(workers)
     .disable_signals()
     .bind(&settings.http.addr)
-    .map_err(|source| HttpError::Bind {
-        addr: settings.http.addr.clone(),
-        source,
-    })?;
-    let addr = server
-        .addrs()
-        .first()
-        .copied()
-        .ok_or_else(|| HttpError::Bind {
-            addr: settings.http.addr.clone(),
-            source: std::io::Error::other("no address bound"),
-        })?;
+    .map_err(|source| bind_error(&settings.http.addr, source))?;
+    let addr = bound_addr(&server.addrs(), &settings.http.addr)?;
     let server = server.run();
     tracing::info!(%addr, "front stage listening");
     Ok(Running { server, addr })

@@ -222,6 +222,14 @@ impl TestEnv {
             .message_count()
     }
 
+    /// Waits (up to `settle()`) until `queue` holds exactly `n` ready messages.
+    pub async fn wait_ready_count(&self, channel: &lapin::Channel, queue: &str, n: u32) -> bool {
+        wait_until(settle(), || async {
+            self.ready_count(channel, queue).await == n
+        })
+        .await
+    }
+
     /// Drops the database, the AMQP names and the Redis keys of this test.
     pub async fn cleanup(mut self) {
         self.cleaned = true;

@@ -151,10 +151,7 @@ async fn a_replayed_dead_letter_makes_its_order_once_and_a_second_replay_nothing
     let channel = amqp.create_channel().await.unwrap();
     let dead_queue = env.names.order_dead_queue();
     assert!(
-        wait_until(settle(), || async {
-            env.ready_count(&channel, &dead_queue).await == 2
-        })
-        .await,
+        env.wait_ready_count(&channel, &dead_queue, 2).await,
         "both copies reach the dead-letter queue"
     );
     assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 0);

@@ -648,10 +648,7 @@ async fn group_commit_in_the_engine_keeps_every_promise_and_isolates_a_bad_messa
     let channel = amqp.create_channel().await.unwrap();
     let dead_queue = env.names.order_dead_queue();
     assert!(
-        wait_until(settle(), || async {
-            env.ready_count(&channel, &dead_queue).await == 2
-        })
-        .await,
+        env.wait_ready_count(&channel, &dead_queue, 2).await,
         "the losing one of the clashing pair is dead-lettered, with its redelivered copy"
     );
     let queue = env.names.order_queue(0);
