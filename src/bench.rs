@@ -85,6 +85,12 @@ pub struct BenchArgs {
     /// transactions the engine runs at once).
     #[arg(long)]
     pub pgbench_clients: Option<u32>,
+    /// With --pgbench-seconds: also replay the same work batched, this many orders
+    /// per transaction with set-based statements (bench/pgbench/order_tx_batch.sql),
+    /// the database-only figure for group commit; set it to the engine's
+    /// engine.batch_max_size.
+    #[arg(long)]
+    pub pgbench_batch: Option<u32>,
 }
 
 #[derive(Debug, Serialize)]
@@ -106,14 +112,18 @@ pub struct Report {
     pub outcomes: BTreeMap<String, i64>,
     pub checks: BTreeMap<String, i64>,
     pub passed: bool,
-    /// The pgbench baseline of the same run, when asked for.
+    /// The pgbench baselines of the same run, when asked for: one order per
+    /// transaction, and `--pgbench-batch` orders per transaction.
     pub baseline: Option<Baseline>,
+    pub batched_baseline: Option<Baseline>,
 }
 
 /// The database-only figure: `bench/pgbench/run` on the same server.
 #[derive(Debug, Serialize)]
 pub struct Baseline {
     pub clients: u32,
+    /// Orders per transaction.
+    pub batch: u32,
     pub orders_per_second: f64,
     pub latency_ms: f64,
     /// The engine's orders/s divided by the baseline's.
@@ -142,12 +152,23 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
         .await
         .context("connecting to PostgreSQL")?;
     migrate::verify(&mut db).await?;
-    let baseline = match args.pgbench_seconds {
+    let clients = args.pgbench_clients.unwrap_or(settings.database.pool_size);
+    let baselines = match args.pgbench_seconds {
         Some(seconds) => {
-            let clients = args.pgbench_clients.unwrap_or(settings.database.pool_size);
-            Some(pgbench(&config, args.buckets, clients, seconds)?)
+            let single = pgbench(&config, args.buckets, clients, seconds, 1)?;
+            let batched = match args.pgbench_batch {
+                Some(batch) if batch > 1 => {
+                    Some(pgbench(&config, args.buckets, clients, seconds, batch)?)
+                }
+                Some(_) => bail!("--pgbench-batch must be at least 2"),
+                None => None,
+            };
+            vec![Some(single), batched]
         }
-        None => None,
+        None if args.pgbench_batch.is_some() => {
+            bail!("--pgbench-batch needs --pgbench-seconds")
+        }
+        None => vec![None, None],
     };
     let now = Utc::now();
     let spec = ActivitySpec {
@@ -246,12 +267,23 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
             .map(|c| (c.name.to_owned(), c.violations))
             .collect(),
         passed,
-        baseline: baseline.map(|(clients, orders, latency)| Baseline {
+        baseline: None,
+        batched_baseline: None,
+    };
+    let engine = sold as f64 / window;
+    let [single, batched] = [baselines[0], baselines[1]].map(|b| {
+        b.map(|(batch, orders, latency)| Baseline {
             clients,
+            batch,
             orders_per_second: orders,
             latency_ms: latency,
-            engine_ratio: (sold as f64 / window) / orders.max(1e-9),
-        }),
+            engine_ratio: engine / orders.max(1e-9),
+        })
+    });
+    let report = Report {
+        baseline: single,
+        batched_baseline: batched,
+        ..report
     };
     print_report(&report);
     if let Some(path) = &args.json {
@@ -261,13 +293,14 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
     Ok(report)
 }
 
-/// Runs `bench/pgbench/run` against the engine's PostgreSQL server: (clients,
+/// Runs `bench/pgbench/run` against the engine's PostgreSQL server: (batch,
 /// orders/s, latency ms).
 fn pgbench(
     config: &tokio_postgres::Config,
     buckets: i16,
     clients: u32,
     seconds: u64,
+    batch: u32,
 ) -> anyhow::Result<(u32, f64, f64)> {
     let host = match config.get_hosts().first() {
         Some(tokio_postgres::config::Host::Tcp(h)) => h.clone(),
@@ -276,7 +309,9 @@ fn pgbench(
     let port = config.get_ports().first().copied().unwrap_or(5432);
     let user = config.get_user().unwrap_or("postgres");
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/pgbench/run");
-    println!("bench: pgbench baseline, {buckets} buckets, {clients} clients, {seconds} s ...");
+    println!(
+        "bench: pgbench baseline, {buckets} buckets, {clients} clients, {batch} orders per transaction, {seconds} s ..."
+    );
     let out = std::process::Command::new(&script)
         .args([
             "--buckets",
@@ -285,6 +320,8 @@ fn pgbench(
             &clients.to_string(),
             "--seconds",
             &seconds.to_string(),
+            "--batch",
+            &batch.to_string(),
         ])
         .env("PGHOST", host)
         .env("PGPORT", port.to_string())
@@ -310,7 +347,7 @@ fn pgbench(
             })
             .with_context(|| format!("no {name} in {line}"))
     };
-    Ok((clients, field("orders_per_s")?, field("latency_ms")?))
+    Ok((batch, field("orders_per_s")?, field("latency_ms")?))
 }
 
 fn bar_style(what: &str) -> ProgressStyle {
@@ -479,10 +516,10 @@ fn print_report(r: &Report) {
         None => println!("  not sold out"),
     }
     println!("  orders/s           {:.0}", r.orders_per_second);
-    if let Some(b) = &r.baseline {
+    for b in [&r.baseline, &r.batched_baseline].into_iter().flatten() {
         println!(
-            "  pgbench baseline   {:.0} orders/s ({} clients, {:.1} ms per transaction); engine/baseline {:.2}",
-            b.orders_per_second, b.clients, b.latency_ms, b.engine_ratio
+            "  pgbench baseline   {:.0} orders/s ({} clients, {} per transaction, {:.1} ms per transaction); engine/baseline {:.2}",
+            b.orders_per_second, b.clients, b.batch, b.latency_ms, b.engine_ratio
         );
     }
     println!(

@@ -4,7 +4,7 @@
 
 use std::time::Duration;
 
-use tokio_postgres::{Client, Transaction};
+use tokio_postgres::{Client, Statement, Transaction};
 use uuid::Uuid;
 
 use super::{millis, StatementCache, StoreError};
@@ -26,11 +26,7 @@ pub async fn insert_task(
     st: &mut StatementCache,
     task: NewTask,
 ) -> Result<(), StoreError> {
-    // Manual review is for people: it never enters the workers' ready queue.
-    let status = match task.task_type {
-        CompensationType::ManualReview => CompensationStatus::ManualRequired,
-        _ => CompensationStatus::Pending,
-    };
+    let status = initial_status(task.task_type);
     tx.execute(
         &st.get(tx, INSERT_TASK).await?,
         &[
@@ -45,6 +41,64 @@ pub async fn insert_task(
     )
     .await?;
     Ok(())
+}
+
+/// Manual review is for people: it never enters the workers' ready queue.
+fn initial_status(task_type: CompensationType) -> CompensationStatus {
+    match task_type {
+        CompensationType::ManualReview => CompensationStatus::ManualRequired,
+        _ => CompensationStatus::Pending,
+    }
+}
+
+/// Many tasks as the columns of one `INSERT_TASKS`, for set-based transactions.
+#[derive(Default)]
+pub struct TaskRows {
+    task_ids: Vec<Uuid>,
+    idempotency_keys: Vec<String>,
+    task_types: Vec<i16>,
+    reservation_ids: Vec<Option<Uuid>>,
+    order_ids: Vec<Option<i64>>,
+    payloads: Vec<serde_json::Value>,
+    statuses: Vec<i16>,
+}
+
+impl TaskRows {
+    pub fn push(&mut self, task: NewTask) {
+        self.task_ids.push(new_uuid());
+        self.idempotency_keys.push(task.idempotency_key);
+        self.task_types.push(task.task_type.code());
+        self.reservation_ids.push(task.reservation_id);
+        self.order_ids.push(task.order_id);
+        self.payloads.push(task.payload);
+        self.statuses.push(initial_status(task.task_type).code());
+    }
+
+    /// Writes the rows inside the caller's transaction; `insert` is the prepared
+    /// `INSERT_TASKS`, so several statements can be pipelined.
+    pub async fn insert(
+        &self,
+        tx: &Transaction<'_>,
+        insert: &Statement,
+    ) -> Result<(), tokio_postgres::Error> {
+        if self.task_ids.is_empty() {
+            return Ok(());
+        }
+        tx.execute(
+            insert,
+            &[
+                &self.task_ids,
+                &self.idempotency_keys,
+                &self.task_types,
+                &self.reservation_ids,
+                &self.order_ids,
+                &self.payloads,
+                &self.statuses,
+            ],
+        )
+        .await?;
+        Ok(())
+    }
 }
 
 #[derive(Debug, Clone)]
@@ -119,6 +173,15 @@ const INSERT_TASK: &str = "
 INSERT INTO compensation_task (task_id, idempotency_key, task_type, reservation_id, order_id,
                                payload, status)
 VALUES ($1, $2, $3, $4, $5, $6, $7)
+ON CONFLICT (idempotency_key) DO NOTHING";
+
+/// `INSERT_TASK` for arrays of rows.
+pub const INSERT_TASKS: &str = "
+INSERT INTO compensation_task (task_id, idempotency_key, task_type, reservation_id, order_id,
+                               payload, status)
+SELECT *
+FROM unnest($1::uuid[], $2::text[], $3::int2[], $4::uuid[], $5::int8[], $6::jsonb[],
+            $7::int2[])
 ON CONFLICT (idempotency_key) DO NOTHING";
 
 const CLAIM: &str = "

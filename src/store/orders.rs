@@ -5,11 +5,14 @@
 //! ends without an order still records its result in the inbox, so a redelivery is
 //! answered from there.
 //!
-//! Group commit: `create_orders` runs the bodies of several messages of one bucket,
-//! in arrival order, inside one transaction with one COMMIT. Each body sees the
-//! effects of the ones before it, exactly as if they had committed one by one, so
-//! every message gets the outcome it would get alone; one message is exactly the
-//! per-message path.
+//! Group commit: `create_orders` runs several messages in one transaction with one
+//! COMMIT. It cuts them, in arrival order, into segments in which no two messages
+//! share a key the order rows are unique on (message, reservation, request, order id
+//! or number, user) or differ in bucket. A segment of several messages runs with
+//! set-based statements (`set_based`), one statement per step for all of them and one
+//! conditional inventory UPDATE; a segment of one message runs the per-message body.
+//! Segments run one after the other, each seeing the ones before it, so every message
+//! gets the outcome it would get alone; one message is exactly the per-message path.
 
 use std::time::Duration;
 
@@ -18,6 +21,10 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio_postgres::Transaction;
 use uuid::Uuid;
+
+mod set_based;
+
+use std::collections::HashSet;
 
 use super::compensation::{insert_task, NewTask};
 use super::outbox::{insert_event, Event};
@@ -98,11 +105,60 @@ async fn create_orders_once(
     tx.execute(&set_timeouts, &[&ctx.lock_timeout, &ctx.statement_timeout])
         .await?;
     let mut outcomes = Vec::with_capacity(inputs.len());
-    for input in inputs {
-        outcomes.push(order_body(&tx, st, ctx, input).await?);
+    for segment in segments(inputs) {
+        if let [input] = segment {
+            outcomes.push(order_body(&tx, st, ctx, input).await?);
+        } else {
+            outcomes.extend(set_based::run_segment(&tx, st, ctx, segment).await?);
+        }
     }
     commit(tx).await?;
     Ok(outcomes)
+}
+
+/// A value some unique key of the order rows is built from.
+#[derive(PartialEq, Eq, Hash)]
+enum SegmentKey<'a> {
+    Message(Uuid),
+    Reservation(Uuid),
+    Request(Uuid),
+    OrderId(i64),
+    OrderNo(&'a str),
+    User(i64, i64, i64),
+}
+
+/// Cuts `inputs`, in order, into the longest runs of one bucket in which no two
+/// messages share a key: inside such a run no message can change another's outcome
+/// except through the inventory row, which the set-based allocation hands out in
+/// arrival order.
+fn segments<'i, 'a>(inputs: &'i [OrderInput<'a>]) -> Vec<&'i [OrderInput<'a>]> {
+    let mut out = Vec::new();
+    let mut start = 0;
+    let mut seen: HashSet<SegmentKey<'a>> = HashSet::new();
+    for (i, input) in inputs.iter().enumerate() {
+        let m = input.msg;
+        let keys = [
+            SegmentKey::Message(m.message_id),
+            SegmentKey::Reservation(m.reservation_id),
+            SegmentKey::Request(m.request_id),
+            SegmentKey::OrderId(m.order_id),
+            SegmentKey::OrderNo(&m.order_no),
+            SegmentKey::User(m.activity_id, m.sku_id, m.user_id),
+        ];
+        let first = inputs[start].msg;
+        let other_bucket = (first.activity_id, first.sku_id, first.inventory_bucket)
+            != (m.activity_id, m.sku_id, m.inventory_bucket);
+        if i > start && (other_bucket || keys.iter().any(|k| seen.contains(k))) {
+            out.push(&inputs[start..i]);
+            start = i;
+            seen.clear();
+        }
+        seen.extend(keys);
+    }
+    if start < inputs.len() {
+        out.push(&inputs[start..]);
+    }
+    out
 }
 
 /// One message's part of the transaction; never commits.
@@ -138,30 +194,11 @@ async fn order_body(
                 &[&ctx.consumer_group, &msg.message_id],
             )
             .await?;
-        let stored: String = row.get(0);
-        let order_id: Option<i64> = row.get(1);
-        let stored_hash: Option<Vec<u8>> = row.get(2);
-        if stored_hash.as_deref() != Some(payload_hash.as_slice()) {
-            // Same id, other content: the producer reused a message id. The first
-            // message's effect stands; make the reuse visible.
-            tracing::warn!(message_id = %msg.message_id, "message id reused with a different body");
-            metrics::counter!("seckill_inbox_payload_mismatch_total").increment(1);
-        }
-        let code = ResultCode::parse(&stored).ok_or_else(|| {
-            StoreError::Anomaly(format!("inbox holds unknown result code {stored:?}"))
-        })?;
-        return Ok(OrderOutcome {
-            code,
-            order_id,
-            duplicate: true,
-        });
+        return StoredResult::from_row(&row)?.answer(msg, &payload_hash);
     }
 
     // 2. Record the reservation and lock it: serializes messages of one reservation
     //    that reach different engine instances (§9.2).
-    let expires_at = msg
-        .reservation_expires_at()
-        .ok_or_else(|| StoreError::Anomaly("reservation ttl out of range".into()))?;
     tx.execute(
         &st.get(tx, INSERT_RESERVATION).await?,
         &[
@@ -173,72 +210,15 @@ async fn order_body(
             &msg.user_id,
             &msg.inventory_bucket,
             &msg.reserved_at,
-            &expires_at,
+            &reservation_expires_at(msg)?,
         ],
     )
     .await?;
     let reservation = tx
         .query_opt(&st.get(tx, LOCK_RESERVATION).await?, &[&msg.reservation_id])
         .await?;
-    let Some(reservation) = reservation else {
-        // The insert conflicted on request_id: this request belongs to another
-        // reservation.
-        return finish(tx, st, ctx, msg, ResultCode::ReservationMismatch, None).await;
-    };
-    let (request_id, activity_id, sku_id, user_id, bucket): (Uuid, i64, i64, i64, i16) = (
-        reservation.get(0),
-        reservation.get(1),
-        reservation.get(2),
-        reservation.get(3),
-        reservation.get(4),
-    );
-    let reserved_order: Option<i64> = reservation.get(5);
-    let status: i16 = reservation.get(6);
-    if (request_id, activity_id, sku_id, user_id, bucket)
-        != (
-            msg.request_id,
-            msg.activity_id,
-            msg.sku_id,
-            msg.user_id,
-            msg.inventory_bucket,
-        )
-    {
-        return finish(
-            tx,
-            st,
-            ctx,
-            msg,
-            ResultCode::ReservationMismatch,
-            reserved_order,
-        )
-        .await;
-    }
-    match ReservationStatus::from_code(status) {
-        Some(ReservationStatus::PendingDb) => {}
-        Some(ReservationStatus::Ordered) => {
-            return finish(
-                tx,
-                st,
-                ctx,
-                msg,
-                ResultCode::OrderAlreadyCreated,
-                reserved_order,
-            )
-            .await;
-        }
-        // Closed reservations (and RELEASE_PENDING, which the seed's switch lets fall
-        // through: an order must not be created for stock that is being released).
-        _ => {
-            return finish(
-                tx,
-                st,
-                ctx,
-                msg,
-                ResultCode::IllegalReservationState,
-                reserved_order,
-            )
-            .await;
-        }
+    if let Some((code, order_id)) = reservation_verdict(msg, reservation.as_ref()) {
+        return finish(tx, st, ctx, msg, code, order_id).await;
     }
 
     // 3. Insert the order first: the unique keys decide idempotency and one order
@@ -263,59 +243,13 @@ async fn order_body(
         )
         .await?;
     if created.is_none() {
-        // Explain the conflict the unique index already decided.
-        if let Some(row) = tx
-            .query_opt(
-                &st.get(tx, FIND_SAME_REQUEST_ORDER).await?,
-                &[&msg.reservation_id, &msg.request_id, &msg.message_id],
-            )
-            .await?
-        {
-            let order_id: i64 = row.get(0);
-            mark_reservation_ordered(tx, st, msg.reservation_id, order_id).await?;
-            return finish(
-                tx,
-                st,
-                ctx,
-                msg,
-                ResultCode::OrderAlreadyCreated,
-                Some(order_id),
-            )
-            .await;
-        }
-        if let Some(row) = tx
-            .query_opt(
-                &st.get(tx, FIND_USER_ORDER).await?,
-                &[&msg.activity_id, &msg.sku_id, &msg.user_id],
-            )
-            .await?
-        {
-            let existing: i64 = row.get(0);
-            reject(tx, st, msg, ResultCode::UserAlreadyOrdered).await?;
-            return finish(
-                tx,
-                st,
-                ctx,
-                msg,
-                ResultCode::UserAlreadyOrdered,
-                Some(existing),
-            )
-            .await;
-        }
-        return Err(StoreError::Anomaly(format!(
-            "order_id {} or order_no {:?} is already used by another order",
-            msg.order_id, msg.order_no
-        )));
+        let (code, order_id) = explain_order_conflict(tx, st, msg).await?;
+        return finish(tx, st, ctx, msg, code, order_id).await;
     }
 
     // 4. The final stock check: a conditional UPDATE on the message's own bucket (§9.4).
-    let Some(inv) = tx
-        .query_opt(
-            &st.get(tx, ALLOCATE_INVENTORY).await?,
-            &[&msg.activity_id, &msg.sku_id, &msg.inventory_bucket],
-        )
-        .await?
-    else {
+    let taken = allocate(tx, st, msg, 1).await?;
+    let Some(before) = taken.filter(|a| a.units == 1) else {
         // The order row was inserted by this transaction a moment ago and nothing
         // references it yet, so it can simply go (§9.11).
         tx.execute(
@@ -326,12 +260,6 @@ async fn order_body(
         reject(tx, st, msg, ResultCode::PostgresSoldOut).await?;
         return finish(tx, st, ctx, msg, ResultCode::PostgresSoldOut, None).await;
     };
-    let (before_available, after_available, before_allocated, after_allocated): (
-        i32,
-        i32,
-        i32,
-        i32,
-    ) = (inv.get(0), inv.get(1), inv.get(2), inv.get(3));
 
     // 5. Item, ledger, reservation and event (§9.5–§9.7).
     tx.execute(
@@ -358,53 +286,201 @@ async fn order_body(
                 &msg.user_id,
                 &msg.inventory_bucket,
                 &LedgerType::Allocate.code(),
-                &before_available,
-                &after_available,
-                &before_allocated,
-                &after_allocated,
+                &before.available,
+                &(before.available - 1),
+                &before.allocated,
+                &(before.allocated + 1),
             ],
         )
         .await?;
-    if ledger != 1 {
-        return Err(StoreError::Anomaly(format!(
-            "ledger ALLOCATE:{} already exists for a reservation without an order",
-            msg.reservation_id
-        )));
-    }
+    expect_rows(
+        ledger,
+        1,
+        "allocate ledger rows for reservations without an order",
+    )?;
     mark_reservation_ordered(tx, st, msg.reservation_id, msg.order_id).await?;
-    insert_event(
-        tx,
-        st,
-        Event {
-            dedup_key: format!("ORDER_CREATED:{}", msg.order_id),
-            aggregate_type: "ORDER",
-            aggregate_id: msg.order_id.to_string(),
-            tag: "ORDER_CREATED",
-            message_key: msg.order_id.to_string(),
-            payload: json!({
-                "order_id": msg.order_id,
-                "order_no": msg.order_no,
-                "reservation_id": msg.reservation_id,
-                "request_id": msg.request_id,
-                "activity_id": msg.activity_id,
-                "sku_id": msg.sku_id,
-                "user_id": msg.user_id,
-                "inventory_bucket": msg.inventory_bucket,
-                "unit_price": msg.unit_price,
-                "total_amount": msg.unit_price,
-                "currency": msg.currency,
-                "status": OrderStatus::Created.name(),
-                "expire_at": msg.order_expire_at,
-            }),
-        },
-    )
-    .await?;
+    insert_event(tx, st, order_created_event(msg)).await?;
     // The inbox row was inserted with ORDER_CREATED and this order id already.
     Ok(OrderOutcome {
         code: ResultCode::OrderCreated,
         order_id: Some(msg.order_id),
         duplicate: false,
     })
+}
+
+/// The result an earlier delivery of a message id left in the inbox.
+struct StoredResult {
+    code: ResultCode,
+    order_id: Option<i64>,
+    payload_hash: Option<Vec<u8>>,
+}
+
+impl StoredResult {
+    /// From `result_code, order_id, payload_hash`.
+    fn from_row(row: &tokio_postgres::Row) -> Result<Self, StoreError> {
+        let stored: String = row.get(0);
+        let code = ResultCode::parse(&stored).ok_or_else(|| {
+            StoreError::Anomaly(format!("inbox holds unknown result code {stored:?}"))
+        })?;
+        Ok(Self {
+            code,
+            order_id: row.get(1),
+            payload_hash: row.get(2),
+        })
+    }
+
+    /// The answer to a redelivery: the stored result, marked duplicate.
+    fn answer(
+        self,
+        msg: &OrderCreateMessage,
+        payload_hash: &[u8],
+    ) -> Result<OrderOutcome, StoreError> {
+        if self.payload_hash.as_deref() != Some(payload_hash) {
+            // Same id, other content: the producer reused a message id. The first
+            // message's effect stands; make the reuse visible.
+            tracing::warn!(message_id = %msg.message_id, "message id reused with a different body");
+            metrics::counter!("seckill_inbox_payload_mismatch_total").increment(1);
+        }
+        Ok(OrderOutcome {
+            code: self.code,
+            order_id: self.order_id,
+            duplicate: true,
+        })
+    }
+}
+
+fn reservation_expires_at(
+    msg: &OrderCreateMessage,
+) -> Result<chrono::DateTime<chrono::Utc>, StoreError> {
+    msg.reservation_expires_at()
+        .ok_or_else(|| StoreError::Anomaly("reservation ttl out of range".into()))
+}
+
+/// What the locked reservation row (`LOCK_RESERVATION`'s columns) says about the
+/// message: `None` to go on and create the order, or the result to record (§9.2).
+fn reservation_verdict(
+    msg: &OrderCreateMessage,
+    row: Option<&tokio_postgres::Row>,
+) -> Option<(ResultCode, Option<i64>)> {
+    // No row: the insert conflicted on request_id, so this request belongs to
+    // another reservation.
+    let Some(row) = row else {
+        return Some((ResultCode::ReservationMismatch, None));
+    };
+    let stored: (Uuid, i64, i64, i64, i16) =
+        (row.get(0), row.get(1), row.get(2), row.get(3), row.get(4));
+    let reserved_order: Option<i64> = row.get(5);
+    if stored
+        != (
+            msg.request_id,
+            msg.activity_id,
+            msg.sku_id,
+            msg.user_id,
+            msg.inventory_bucket,
+        )
+    {
+        return Some((ResultCode::ReservationMismatch, reserved_order));
+    }
+    match ReservationStatus::from_code(row.get(6)) {
+        Some(ReservationStatus::PendingDb) => None,
+        Some(ReservationStatus::Ordered) => Some((ResultCode::OrderAlreadyCreated, reserved_order)),
+        // Closed reservations (and RELEASE_PENDING, which the seed's switch lets fall
+        // through: an order must not be created for stock that is being released).
+        _ => Some((ResultCode::IllegalReservationState, reserved_order)),
+    }
+}
+
+/// The order insert of a PENDING_DB reservation conflicted: explains the conflict
+/// the unique indexes already decided, doing what the answer requires, and returns
+/// the result to record.
+async fn explain_order_conflict(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    msg: &OrderCreateMessage,
+) -> Result<(ResultCode, Option<i64>), StoreError> {
+    if let Some(row) = tx
+        .query_opt(
+            &st.get(tx, FIND_SAME_REQUEST_ORDER).await?,
+            &[&msg.reservation_id, &msg.request_id, &msg.message_id],
+        )
+        .await?
+    {
+        let order_id: i64 = row.get(0);
+        mark_reservation_ordered(tx, st, msg.reservation_id, order_id).await?;
+        return Ok((ResultCode::OrderAlreadyCreated, Some(order_id)));
+    }
+    if let Some(row) = tx
+        .query_opt(
+            &st.get(tx, FIND_USER_ORDER).await?,
+            &[&msg.activity_id, &msg.sku_id, &msg.user_id],
+        )
+        .await?
+    {
+        let existing: i64 = row.get(0);
+        reject(tx, st, msg, ResultCode::UserAlreadyOrdered).await?;
+        return Ok((ResultCode::UserAlreadyOrdered, Some(existing)));
+    }
+    Err(StoreError::Anomaly(format!(
+        "order_id {} or order_no {:?} is already used by another order",
+        msg.order_id, msg.order_no
+    )))
+}
+
+/// Units taken from a bucket, and the bucket as it was before.
+#[derive(Debug, Clone, Copy)]
+struct Allocation {
+    units: i32,
+    available: i32,
+    allocated: i32,
+}
+
+/// Takes `min(wanted, available)` units from the message's bucket (§9.4): one
+/// conditional UPDATE for all of them, the common case; when the bucket holds fewer,
+/// it locks the row, reads what is left and takes that. `None`: nothing taken. The
+/// version moves by the units taken, as if they had been taken one at a time.
+async fn allocate(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    bucket: &OrderCreateMessage,
+    wanted: i32,
+) -> Result<Option<Allocation>, StoreError> {
+    let (activity, sku, no) = (
+        &bucket.activity_id,
+        &bucket.sku_id,
+        &bucket.inventory_bucket,
+    );
+    let take = st.get(tx, ALLOCATE_UNITS).await?;
+    if let Some(row) = tx.query_opt(&take, &[activity, sku, no, &wanted]).await? {
+        return Ok(Some(Allocation::from_row(&row, wanted)));
+    }
+    if wanted == 1 {
+        return Ok(None);
+    }
+    let left: Option<i32> = tx
+        .query_opt(&st.get(tx, LOCK_INVENTORY).await?, &[activity, sku, no])
+        .await?
+        .map(|row| row.get(0));
+    let units = left.unwrap_or(0).min(wanted);
+    if units <= 0 {
+        return Ok(None);
+    }
+    // The row is locked: the rest of the bucket is there to take.
+    let row = tx
+        .query_opt(&take, &[activity, sku, no, &units])
+        .await?
+        .ok_or_else(|| StoreError::Anomaly("locked inventory row changed".into()))?;
+    Ok(Some(Allocation::from_row(&row, units)))
+}
+
+impl Allocation {
+    /// From `ALLOCATE_UNITS`'s `before_available, before_allocated`.
+    fn from_row(row: &tokio_postgres::Row, units: i32) -> Self {
+        Self {
+            units,
+            available: row.get(0),
+            allocated: row.get(1),
+        }
+    }
 }
 
 /// Records a non-creating result in the inbox.
@@ -427,16 +503,24 @@ async fn finish(
             ],
         )
         .await?;
-    if updated != 1 {
-        return Err(StoreError::Anomaly(
-            "inbox row vanished inside its transaction".into(),
-        ));
-    }
+    expect_rows(updated, 1, "inbox rows of this transaction")?;
     Ok(OrderOutcome {
         code,
         order_id,
         duplicate: false,
     })
+}
+
+/// A statement that must touch exactly the rows this transaction holds touched
+/// another number: a broken assumption, never retried.
+fn expect_rows(got: u64, want: usize, what: &str) -> Result<(), StoreError> {
+    if got == want as u64 {
+        Ok(())
+    } else {
+        Err(StoreError::Anomaly(format!(
+            "{what}: {got} rows changed, {want} expected"
+        )))
+    }
 }
 
 /// PENDING_DB → ORDERED (§9.6). The status is a bind parameter on purpose: with a
@@ -460,12 +544,7 @@ async fn mark_reservation_ordered(
             ],
         )
         .await?;
-    if n != 1 {
-        return Err(StoreError::Anomaly(format!(
-            "reservation {reservation_id} left PENDING_DB while locked"
-        )));
-    }
-    Ok(())
+    expect_rows(n, 1, "reservations locked in PENDING_DB")
 }
 
 /// Rejects the reservation and queues the Redis give-back: a compensation task for
@@ -487,13 +566,38 @@ async fn reject(
             ],
         )
         .await?;
-    if n != 1 {
-        return Err(StoreError::Anomaly(format!(
-            "reservation {} left PENDING_DB while locked",
-            msg.reservation_id
-        )));
+    expect_rows(n, 1, "reservations locked in PENDING_DB")?;
+    insert_task(tx, st, release_task(msg, code)).await?;
+    insert_event(tx, st, release_event(msg, code)).await?;
+    metrics::counter!("seckill_redis_release_requested_total", "reason" => code.label())
+        .increment(1);
+    Ok(())
+}
+
+/// The Redis give-back of a rejected reservation's unit.
+fn release_task(msg: &OrderCreateMessage, code: ResultCode) -> NewTask {
+    NewTask {
+        task_type: CompensationType::RedisStockRelease,
+        idempotency_key: redis_release_key(msg.reservation_id),
+        reservation_id: Some(msg.reservation_id),
+        order_id: None,
+        payload: release_payload(msg, code),
     }
-    let payload = json!({
+}
+
+fn release_event(msg: &OrderCreateMessage, code: ResultCode) -> Event {
+    Event {
+        dedup_key: format!("INVENTORY_RELEASE_REQUESTED:{}", msg.reservation_id),
+        aggregate_type: "RESERVATION",
+        aggregate_id: msg.reservation_id.to_string(),
+        tag: "INVENTORY_RELEASE_REQUESTED",
+        message_key: msg.reservation_id.to_string(),
+        payload: release_payload(msg, code),
+    }
+}
+
+fn release_payload(msg: &OrderCreateMessage, code: ResultCode) -> serde_json::Value {
+    json!({
         "reservation_id": msg.reservation_id,
         "request_id": msg.request_id,
         "activity_id": msg.activity_id,
@@ -502,35 +606,32 @@ async fn reject(
         "inventory_bucket": msg.inventory_bucket,
         "quantity": 1,
         "reason": code.as_str(),
-    });
-    insert_task(
-        tx,
-        st,
-        NewTask {
-            task_type: CompensationType::RedisStockRelease,
-            idempotency_key: redis_release_key(msg.reservation_id),
-            reservation_id: Some(msg.reservation_id),
-            order_id: None,
-            payload: payload.clone(),
-        },
-    )
-    .await?;
-    insert_event(
-        tx,
-        st,
-        Event {
-            dedup_key: format!("INVENTORY_RELEASE_REQUESTED:{}", msg.reservation_id),
-            aggregate_type: "RESERVATION",
-            aggregate_id: msg.reservation_id.to_string(),
-            tag: "INVENTORY_RELEASE_REQUESTED",
-            message_key: msg.reservation_id.to_string(),
-            payload,
-        },
-    )
-    .await?;
-    metrics::counter!("seckill_redis_release_requested_total", "reason" => code.label())
-        .increment(1);
-    Ok(())
+    })
+}
+
+fn order_created_event(msg: &OrderCreateMessage) -> Event {
+    Event {
+        dedup_key: format!("ORDER_CREATED:{}", msg.order_id),
+        aggregate_type: "ORDER",
+        aggregate_id: msg.order_id.to_string(),
+        tag: "ORDER_CREATED",
+        message_key: msg.order_id.to_string(),
+        payload: json!({
+            "order_id": msg.order_id,
+            "order_no": msg.order_no,
+            "reservation_id": msg.reservation_id,
+            "request_id": msg.request_id,
+            "activity_id": msg.activity_id,
+            "sku_id": msg.sku_id,
+            "user_id": msg.user_id,
+            "inventory_bucket": msg.inventory_bucket,
+            "unit_price": msg.unit_price,
+            "total_amount": msg.unit_price,
+            "currency": msg.currency,
+            "status": OrderStatus::Created.name(),
+            "expire_at": msg.order_expire_at,
+        }),
+    }
 }
 
 /// One Redis give-back per reservation, whichever flow asks for it.
@@ -641,21 +742,26 @@ SELECT order_id
 FROM orders
 WHERE activity_id = $1 AND sku_id = $2 AND user_id = $3";
 
-const ALLOCATE_INVENTORY: &str = "
+/// $4 units at once; `version` counts units taken (see `allocate`).
+const ALLOCATE_UNITS: &str = "
 UPDATE sku_inventory
-SET available_stock = available_stock - 1,
-    allocated_stock = allocated_stock + 1,
-    version = version + 1,
+SET available_stock = available_stock - $4,
+    allocated_stock = allocated_stock + $4,
+    version = version + $4,
     updated_at = statement_timestamp()
 WHERE activity_id = $1
   AND sku_id = $2
   AND bucket_no = $3
-  AND available_stock >= 1
+  AND available_stock >= $4
 RETURNING
-    available_stock + 1 AS before_available,
-    available_stock AS after_available,
-    allocated_stock - 1 AS before_allocated,
-    allocated_stock AS after_allocated";
+    available_stock + $4 AS before_available,
+    allocated_stock - $4 AS before_allocated";
+
+const LOCK_INVENTORY: &str = "
+SELECT available_stock
+FROM sku_inventory
+WHERE activity_id = $1 AND sku_id = $2 AND bucket_no = $3
+FOR UPDATE";
 
 const DELETE_PROVISIONAL_ORDER: &str = "DELETE FROM orders WHERE order_id = $1";
 

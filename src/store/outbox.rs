@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use tokio_postgres::{Client, Transaction};
+use tokio_postgres::{Client, Statement, Transaction};
 use uuid::Uuid;
 
 use super::{millis, StatementCache, StoreError};
@@ -45,6 +45,57 @@ pub async fn insert_event(
     )
     .await?;
     Ok(())
+}
+
+/// Many events as the columns of one `INSERT_EVENTS`, for set-based transactions.
+#[derive(Default)]
+pub struct EventRows {
+    event_ids: Vec<Uuid>,
+    dedup_keys: Vec<String>,
+    aggregate_types: Vec<&'static str>,
+    aggregate_ids: Vec<String>,
+    tags: Vec<&'static str>,
+    message_keys: Vec<String>,
+    payloads: Vec<serde_json::Value>,
+}
+
+impl EventRows {
+    pub fn push(&mut self, event: Event) {
+        self.event_ids.push(new_uuid());
+        self.dedup_keys.push(event.dedup_key);
+        self.aggregate_types.push(event.aggregate_type);
+        self.aggregate_ids.push(event.aggregate_id);
+        self.tags.push(event.tag);
+        self.message_keys.push(event.message_key);
+        self.payloads.push(event.payload);
+    }
+
+    /// Writes the rows inside the caller's transaction; `insert` is the prepared
+    /// `INSERT_EVENTS`, so several statements can be pipelined.
+    pub async fn insert(
+        &self,
+        tx: &Transaction<'_>,
+        insert: &Statement,
+    ) -> Result<(), tokio_postgres::Error> {
+        if self.event_ids.is_empty() {
+            return Ok(());
+        }
+        tx.execute(
+            insert,
+            &[
+                &self.event_ids,
+                &self.dedup_keys,
+                &self.aggregate_types,
+                &self.aggregate_ids,
+                &EVENT_TOPIC,
+                &self.tags,
+                &self.message_keys,
+                &self.payloads,
+            ],
+        )
+        .await?;
+        Ok(())
+    }
 }
 
 /// The AMQP routing key of an event tag: lower case, the first `_` becomes `.`
@@ -132,6 +183,19 @@ INSERT INTO event_outbox (
     schema_version, payload, status
 )
 VALUES ($1, $2, $3, $4, $5, $6, $7, 1, $8, 0)
+ON CONFLICT (dedup_key) DO NOTHING";
+
+/// `INSERT_EVENT` for arrays of rows.
+pub const INSERT_EVENTS: &str = "
+INSERT INTO event_outbox (
+    event_id, dedup_key, aggregate_type, aggregate_id, topic, tag, message_key,
+    schema_version, payload, status
+)
+SELECT m.event_id, m.dedup_key, m.aggregate_type, m.aggregate_id, $5::text, m.tag,
+       m.message_key, 1, m.payload, 0
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $6::text[], $7::text[],
+            $8::jsonb[])
+     AS m(event_id, dedup_key, aggregate_type, aggregate_id, tag, message_key, payload)
 ON CONFLICT (dedup_key) DO NOTHING";
 
 const RECOVER_LEASES: &str = "

@@ -1,10 +1,15 @@
 //! Group commit is invisible: the same messages in the same order give the same
 //! outcome per message and the same rows whether each runs in a transaction of its
-//! own or many share one. Random mixes (duplicates, re-sends, repeat users, stock
-//! shortfalls, several buckets), several seeds, fresh databases for each side.
+//! own or many share one. A property test generates the mixes (redeliveries,
+//! re-sending producers, repeat users, stock shortfalls, several buckets) and the
+//! transaction sizes, and runs each mix on two fresh databases.
 
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use std::cell::RefCell;
+use std::collections::HashSet;
+
+use proptest::prelude::*;
+use proptest::sample::Index;
+use proptest::test_runner::{Config, TestRunner};
 use seckill_engine::domain::message::OrderCreateMessage;
 use seckill_engine::domain::outcome::OrderOutcome;
 use seckill_engine::store::orders::{create_orders, OrderInput, OrderTxContext};
@@ -14,18 +19,57 @@ use tokio_postgres::Client;
 use crate::common::builders::{self, order, resend};
 use crate::common::{assert_invariants, TestEnv};
 
-/// A random mix for activity 61: 4 buckets with 3 units each, 40 possible users.
-fn mix(seed: u64, len: usize) -> Vec<OrderCreateMessage> {
-    let mut rng = StdRng::seed_from_u64(seed);
+/// One message of a mix.
+#[derive(Debug, Clone)]
+enum Step {
+    /// A fresh reservation of user `user` in bucket `bucket`.
+    New { user: u16, bucket: i16 },
+    /// An earlier message again (a redelivery).
+    Redeliver(Index),
+    /// An earlier reservation under a new message id (a re-sending producer).
+    Resend(Index),
+}
+
+/// A generated case: stock and users of activity 61, its messages, and the sizes of
+/// the batched side's transactions (cycled).
+#[derive(Debug, Clone)]
+struct Mix {
+    buckets: i16,
+    stock: i32,
+    steps: Vec<Step>,
+    chunks: Vec<usize>,
+}
+
+fn mixes() -> impl Strategy<Value = Mix> {
+    (1i16..=4, 1u16..=300, 0i32..=120).prop_flat_map(|(buckets, users, stock)| {
+        let step = prop_oneof![
+            6 => (0..users, 0..buckets).prop_map(|(user, bucket)| Step::New { user, bucket }),
+            2 => any::<Index>().prop_map(Step::Redeliver),
+            2 => any::<Index>().prop_map(Step::Resend),
+        ];
+        (
+            proptest::collection::vec(step, 1..200),
+            proptest::collection::vec(1usize..=128, 1..8),
+        )
+            .prop_map(move |(steps, chunks)| Mix {
+                buckets,
+                stock,
+                steps,
+                chunks,
+            })
+    })
+}
+
+/// The messages of a mix, in order.
+fn messages(mix: &Mix) -> Vec<OrderCreateMessage> {
     let mut msgs: Vec<OrderCreateMessage> = Vec::new();
-    while msgs.len() < len {
-        let pick = rng.random_range(0..10);
-        let next = match (pick, msgs.is_empty()) {
-            // The same message again (a redelivery).
-            (0..=1, false) => msgs[rng.random_range(0..msgs.len())].clone(),
-            // The same reservation under a new message id (a re-sending producer).
-            (2..=3, false) => resend(&msgs[rng.random_range(0..msgs.len())]),
-            _ => order(61, 1, rng.random_range(1..=40), rng.random_range(0..4)),
+    for step in &mix.steps {
+        let next = match step {
+            Step::Redeliver(i) if !msgs.is_empty() => i.get(&msgs).clone(),
+            Step::Resend(i) if !msgs.is_empty() => resend(i.get(&msgs)),
+            Step::New { user, bucket } => order(61, 1, i64::from(*user) + 1, *bucket),
+            // Nothing to repeat yet.
+            Step::Redeliver(_) | Step::Resend(_) => order(61, 1, 1, 0),
         };
         msgs.push(next);
     }
@@ -102,47 +146,64 @@ async fn snapshot(db: &Client) -> Vec<String> {
     out
 }
 
-#[actix_rt::test]
-async fn batched_transactions_give_every_message_its_single_outcome() {
-    for seed in [1u64, 2, 3, 4, 5] {
-        let alone = TestEnv::new().await;
-        let grouped = TestEnv::new().await;
-        for env in [&alone, &grouped] {
-            let mut db = env.db().await;
-            builders::activity(&mut db, 61, 1, 12, 4).await;
-        }
-        let msgs = mix(seed, 160);
-        let mut rng = StdRng::seed_from_u64(seed + 100);
-        let chunks: Vec<usize> = (0..20).map(|_| rng.random_range(1..=64)).collect();
-        let one_by_one = run(&alone, &msgs, &[1]).await;
-        let batched = run(&grouped, &msgs, &chunks).await;
-        assert_eq!(one_by_one.len(), msgs.len());
-        for (i, (a, b)) in one_by_one.iter().zip(&batched).enumerate() {
-            assert_eq!(
-                a, b,
-                "seed {seed}: message {i} ({}) differs alone vs in batches {chunks:?}",
-                msgs[i].message_id
-            );
-        }
-        let (db_a, db_b) = (alone.db().await, grouped.db().await);
-        assert_eq!(snapshot(&db_a).await, snapshot(&db_b).await, "seed {seed}");
-        // The mixes exercise every branch.
-        let codes: std::collections::HashSet<_> = one_by_one.iter().map(|o| o.label()).collect();
-        for label in [
-            "created",
-            "duplicate",
-            "already_created",
-            "user_already_ordered",
-            "sold_out",
-        ] {
-            assert!(
-                codes.contains(label),
-                "seed {seed}: no {label} in {codes:?}"
-            );
-        }
-        assert_invariants(&db_a).await;
-        assert_invariants(&db_b).await;
-        alone.cleanup().await;
-        grouped.cleanup().await;
+/// Runs `mix` alone and in batches; returns the outcomes of the first.
+async fn check(mix: &Mix) -> Vec<OrderOutcome> {
+    let alone = TestEnv::new().await;
+    let grouped = TestEnv::new().await;
+    for env in [&alone, &grouped] {
+        let mut db = env.db().await;
+        builders::activity(&mut db, 61, 1, mix.stock, mix.buckets).await;
+    }
+    let msgs = messages(mix);
+    let one_by_one = run(&alone, &msgs, &[1]).await;
+    let batched = run(&grouped, &msgs, &mix.chunks).await;
+    assert_eq!(one_by_one.len(), msgs.len());
+    for (i, (a, b)) in one_by_one.iter().zip(&batched).enumerate() {
+        assert_eq!(a, b, "message {i} differs alone vs in batches");
+    }
+    let (db_a, db_b) = (alone.db().await, grouped.db().await);
+    assert_eq!(snapshot(&db_a).await, snapshot(&db_b).await);
+    assert_invariants(&db_a).await;
+    assert_invariants(&db_b).await;
+    alone.cleanup().await;
+    grouped.cleanup().await;
+    one_by_one
+}
+
+/// `PROPTEST_CASES` (default 24) mixes; a failing one is shrunk to a small mix and
+/// saved under `proptest-regressions/`, which is replayed first on later runs.
+#[test]
+fn batched_transactions_give_every_message_its_single_outcome() {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let cases = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(24);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        source_file: Some(file!()),
+        ..Config::default()
+    });
+    let seen = RefCell::new(HashSet::new());
+    runner
+        .run(&mixes(), |mix| {
+            let outcomes = rt.block_on(check(&mix));
+            seen.borrow_mut().extend(outcomes.iter().map(|o| o.label()));
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{e}"));
+    // Together the mixes exercise every branch.
+    let seen = seen.into_inner();
+    for label in [
+        "created",
+        "duplicate",
+        "already_created",
+        "user_already_ordered",
+        "sold_out",
+    ] {
+        assert!(seen.contains(label), "no {label} in {seen:?}");
     }
 }

@@ -1,0 +1,459 @@
+//! The order transaction of a segment: several messages of one bucket that share no
+//! key the order rows are unique on (see `segments`). Each step of `order_body` runs
+//! once for all of them with arrays (`unnest`), and the segment takes its units with
+//! one conditional UPDATE that hands them to the eligible orders in arrival order, so
+//! each message ends exactly as it would alone. Rare branches (an order insert that
+//! conflicted) go through the same per-message helpers as `order_body`; the writes
+//! after the allocation are pipelined, which keeps the hot row locked for about one
+//! round trip before COMMIT.
+
+use std::collections::{HashMap, HashSet};
+
+use chrono::{DateTime, Utc};
+use tokio_postgres::types::ToSql;
+use tokio_postgres::{Row, Transaction};
+use uuid::Uuid;
+
+use super::{
+    allocate, expect_rows, explain_order_conflict, order_created_event, payload_hash,
+    release_event, release_task, reservation_expires_at, reservation_verdict, OrderInput,
+    OrderTxContext, StoredResult,
+};
+use crate::domain::outcome::{OrderOutcome, ResultCode};
+use crate::domain::status::{LedgerType, ReservationStatus};
+use crate::store::compensation::{TaskRows, INSERT_TASKS};
+use crate::store::outbox::{EventRows, INSERT_EVENTS};
+use crate::store::{StatementCache, StoreError};
+
+type Param = dyn ToSql + Sync;
+
+/// Runs the segment's messages; one outcome per message, in order.
+pub(super) async fn run_segment(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    ctx: &OrderTxContext,
+    inputs: &[OrderInput<'_>],
+) -> Result<Vec<OrderOutcome>, StoreError> {
+    let bucket = inputs[0].msg;
+    let mut outcomes: Vec<Option<OrderOutcome>> = vec![None; inputs.len()];
+    // Messages that end without an order: the result their inbox row gets.
+    let mut results: Vec<(usize, ResultCode, Option<i64>)> = Vec::new();
+
+    // 1. Inbox (§9.1): the messages whose row already existed are redeliveries.
+    let hashes: Vec<Vec<u8>> = inputs.iter().map(|i| payload_hash(i.msg)).collect();
+    let message_ids: Vec<Uuid> = inputs.iter().map(|i| i.msg.message_id).collect();
+    let topics: Vec<&str> = inputs.iter().map(|i| i.topic).collect();
+    let reservation_ids: Vec<Uuid> = inputs.iter().map(|i| i.msg.reservation_id).collect();
+    let order_ids: Vec<i64> = inputs.iter().map(|i| i.msg.order_id).collect();
+    let inserted: HashSet<Uuid> = tx
+        .query(
+            &st.get(tx, INSERT_INBOX).await?,
+            &[
+                &ctx.consumer_group,
+                &message_ids,
+                &topics,
+                &reservation_ids,
+                &hashes,
+                &order_ids,
+            ],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    if inserted.len() < inputs.len() {
+        let seen: Vec<Uuid> = message_ids
+            .iter()
+            .filter(|id| !inserted.contains(id))
+            .copied()
+            .collect();
+        let rows = tx
+            .query(
+                &st.get(tx, LOAD_INBOX).await?,
+                &[&ctx.consumer_group, &seen],
+            )
+            .await?;
+        let stored: HashMap<Uuid, &Row> = rows.iter().map(|r| (r.get(3), r)).collect();
+        for (i, input) in inputs.iter().enumerate() {
+            if inserted.contains(&input.msg.message_id) {
+                continue;
+            }
+            let row = stored.get(&input.msg.message_id).ok_or_else(|| {
+                StoreError::Anomaly("inbox row that blocked an insert is gone".into())
+            })?;
+            outcomes[i] = Some(StoredResult::from_row(row)?.answer(input.msg, &hashes[i])?);
+        }
+    }
+    let fresh: Vec<usize> = (0..inputs.len())
+        .filter(|&i| outcomes[i].is_none())
+        .collect();
+
+    // 2. Reservations (§9.2). A row this statement inserted is this message's own and
+    //    invisible to everyone else; only the others need reading under a lock.
+    let mut candidates = Vec::with_capacity(fresh.len());
+    if !fresh.is_empty() {
+        let pick = |f: &dyn Fn(&OrderInput<'_>) -> Uuid| -> Vec<Uuid> {
+            fresh.iter().map(|&i| f(&inputs[i])).collect()
+        };
+        let expires: Vec<DateTime<Utc>> = fresh
+            .iter()
+            .map(|&i| reservation_expires_at(inputs[i].msg))
+            .collect::<Result<_, _>>()?;
+        let reserved_at: Vec<DateTime<Utc>> =
+            fresh.iter().map(|&i| inputs[i].msg.reserved_at).collect();
+        let users: Vec<i64> = fresh.iter().map(|&i| inputs[i].msg.user_id).collect();
+        let ours: HashSet<Uuid> = tx
+            .query(
+                &st.get(tx, INSERT_RESERVATIONS).await?,
+                &[
+                    &bucket.activity_id,
+                    &bucket.sku_id,
+                    &bucket.inventory_bucket,
+                    &pick(&|i| i.msg.reservation_id),
+                    &pick(&|i| i.msg.request_id),
+                    &pick(&|i| i.msg.message_id),
+                    &users,
+                    &reserved_at,
+                    &expires,
+                ],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        let contested: Vec<Uuid> = fresh
+            .iter()
+            .map(|&i| inputs[i].msg.reservation_id)
+            .filter(|id| !ours.contains(id))
+            .collect();
+        let locked_rows = if contested.is_empty() {
+            Vec::new()
+        } else {
+            tx.query(&st.get(tx, LOCK_RESERVATIONS).await?, &[&contested])
+                .await?
+        };
+        let locked: HashMap<Uuid, &Row> = locked_rows.iter().map(|r| (r.get(7), r)).collect();
+        for &i in &fresh {
+            let msg = inputs[i].msg;
+            if ours.contains(&msg.reservation_id) {
+                candidates.push(i);
+                continue;
+            }
+            match reservation_verdict(msg, locked.get(&msg.reservation_id).copied()) {
+                None => candidates.push(i),
+                Some((code, order_id)) => results.push((i, code, order_id)),
+            }
+        }
+    }
+
+    // 3. Orders (§9.3): the unique keys decide; a conflict is explained per message.
+    let mut eligible = Vec::with_capacity(candidates.len());
+    if !candidates.is_empty() {
+        let msgs: Vec<_> = candidates.iter().map(|&i| inputs[i].msg).collect();
+        let created: HashSet<i64> = tx
+            .query(
+                &st.get(tx, INSERT_ORDERS).await?,
+                &[
+                    &bucket.activity_id,
+                    &bucket.sku_id,
+                    &bucket.inventory_bucket,
+                    &msgs.iter().map(|m| m.order_id).collect::<Vec<_>>(),
+                    &msgs.iter().map(|m| m.order_no.as_str()).collect::<Vec<_>>(),
+                    &msgs.iter().map(|m| m.request_id).collect::<Vec<_>>(),
+                    &msgs.iter().map(|m| m.reservation_id).collect::<Vec<_>>(),
+                    &msgs.iter().map(|m| m.message_id).collect::<Vec<_>>(),
+                    &msgs.iter().map(|m| m.user_id).collect::<Vec<_>>(),
+                    &msgs.iter().map(|m| m.unit_price).collect::<Vec<_>>(),
+                    &msgs.iter().map(|m| m.currency.as_str()).collect::<Vec<_>>(),
+                    &msgs.iter().map(|m| m.order_expire_at).collect::<Vec<_>>(),
+                ],
+            )
+            .await?
+            .iter()
+            .map(|r| r.get(0))
+            .collect();
+        for &i in &candidates {
+            let msg = inputs[i].msg;
+            if created.contains(&msg.order_id) {
+                eligible.push(i);
+            } else {
+                let (code, order_id) = explain_order_conflict(tx, st, msg).await?;
+                results.push((i, code, order_id));
+            }
+        }
+    }
+
+    // 4. One conditional UPDATE for the whole segment (§9.4): the first `units`
+    //    eligible orders get a unit, the rest are sold out.
+    let allocation = if eligible.is_empty() {
+        None
+    } else {
+        let wanted = i32::try_from(eligible.len())
+            .map_err(|_| StoreError::Anomaly("segment too large".into()))?;
+        allocate(tx, st, bucket, wanted).await?
+    };
+    let units = allocation.map_or(0, |a| a.units as usize);
+    let (granted, denied) = eligible.split_at(units);
+    results.extend(
+        denied
+            .iter()
+            .map(|&i| (i, ResultCode::PostgresSoldOut, None)),
+    );
+
+    // 5. Everything else, pipelined (§9.5–§9.7, §9.11).
+    let granted_msgs: Vec<_> = granted.iter().map(|&i| inputs[i].msg).collect();
+    let denied_msgs: Vec<_> = denied.iter().map(|&i| inputs[i].msg).collect();
+    let g_order_ids: Vec<i64> = granted_msgs.iter().map(|m| m.order_id).collect();
+    let g_reservations: Vec<Uuid> = granted_msgs.iter().map(|m| m.reservation_id).collect();
+    let d_order_ids: Vec<i64> = denied_msgs.iter().map(|m| m.order_id).collect();
+    let d_reservations: Vec<Uuid> = denied_msgs.iter().map(|m| m.reservation_id).collect();
+    let mut events = EventRows::default();
+    let mut tasks = TaskRows::default();
+    for msg in &granted_msgs {
+        events.push(order_created_event(msg));
+    }
+    for msg in &denied_msgs {
+        tasks.push(release_task(msg, ResultCode::PostgresSoldOut));
+        events.push(release_event(msg, ResultCode::PostgresSoldOut));
+    }
+    let (r_message_ids, r_codes, r_order_ids): (Vec<Uuid>, Vec<&str>, Vec<Option<i64>>) = results
+        .iter()
+        .map(|&(i, code, order_id)| (inputs[i].msg.message_id, code.as_str(), order_id))
+        .fold(Default::default(), |(mut a, mut b, mut c), (x, y, z)| {
+            a.push(x);
+            b.push(y);
+            c.push(z);
+            (a, b, c)
+        });
+
+    let insert_items = st.get(tx, INSERT_ORDER_ITEMS).await?;
+    let insert_ledger = st.get(tx, INSERT_ALLOCATE_LEDGERS).await?;
+    let mark_ordered = st.get(tx, MARK_RESERVATIONS_ORDERED).await?;
+    let delete_orders = st.get(tx, DELETE_PROVISIONAL_ORDERS).await?;
+    let reject = st.get(tx, REJECT_RESERVATIONS).await?;
+    let update_inbox = st.get(tx, UPDATE_INBOX_RESULTS).await?;
+    let insert_events = st.get(tx, INSERT_EVENTS).await?;
+    let insert_tasks = st.get(tx, INSERT_TASKS).await?;
+    let g_prices: Vec<i64> = granted_msgs.iter().map(|m| m.unit_price).collect();
+    let g_ledger_ids: Vec<i64> = granted.iter().map(|&i| inputs[i].ledger_id).collect();
+    let g_message_ids: Vec<Uuid> = granted_msgs.iter().map(|m| m.message_id).collect();
+    let g_users: Vec<i64> = granted_msgs.iter().map(|m| m.user_id).collect();
+    let (ordered, pending, rejected) = (
+        ReservationStatus::Ordered.code(),
+        ReservationStatus::PendingDb.code(),
+        ReservationStatus::Rejected.code(),
+    );
+    let (allocate_type, sold_out) = (
+        LedgerType::Allocate.code(),
+        ResultCode::PostgresSoldOut.as_str(),
+    );
+    let granted_writes = async {
+        let Some(before) = allocation else {
+            return Ok::<_, StoreError>(());
+        };
+        let items_params: [&Param; 5] = [
+            &bucket.activity_id,
+            &bucket.sku_id,
+            &ctx.sku_title,
+            &g_order_ids,
+            &g_prices,
+        ];
+        let ledger_params: [&Param; 11] = [
+            &bucket.activity_id,
+            &bucket.sku_id,
+            &bucket.inventory_bucket,
+            &allocate_type,
+            &before.available,
+            &before.allocated,
+            &g_ledger_ids,
+            &g_reservations,
+            &g_order_ids,
+            &g_message_ids,
+            &g_users,
+        ];
+        let mark_params: [&Param; 4] = [&ordered, &pending, &g_reservations, &g_order_ids];
+        let (items, ledger, marked) = futures_util::try_join!(
+            tx.execute(&insert_items, &items_params),
+            tx.execute(&insert_ledger, &ledger_params),
+            tx.execute(&mark_ordered, &mark_params),
+        )?;
+        expect_rows(items, granted.len(), "order items")?;
+        expect_rows(
+            ledger,
+            granted.len(),
+            "allocate ledger rows for reservations without an order",
+        )?;
+        expect_rows(marked, granted.len(), "reservations locked in PENDING_DB")
+    };
+    let denied_writes = async {
+        if denied.is_empty() {
+            return Ok::<_, StoreError>(());
+        }
+        let delete_params: [&Param; 1] = [&d_order_ids];
+        let reject_params: [&Param; 4] = [&rejected, &pending, &sold_out, &d_reservations];
+        let (deleted, rejected) = futures_util::try_join!(
+            tx.execute(&delete_orders, &delete_params),
+            tx.execute(&reject, &reject_params),
+        )?;
+        expect_rows(deleted, denied.len(), "provisional orders")?;
+        expect_rows(rejected, denied.len(), "reservations locked in PENDING_DB")
+    };
+    let recorded = async {
+        if results.is_empty() {
+            return Ok::<_, StoreError>(());
+        }
+        let n = tx
+            .execute(
+                &update_inbox,
+                &[&ctx.consumer_group, &r_message_ids, &r_codes, &r_order_ids],
+            )
+            .await?;
+        expect_rows(n, results.len(), "inbox rows of this transaction")
+    };
+    futures_util::try_join!(
+        granted_writes,
+        denied_writes,
+        recorded,
+        async { Ok(events.insert(tx, &insert_events).await?) },
+        async { Ok(tasks.insert(tx, &insert_tasks).await?) },
+    )?;
+    if !denied.is_empty() {
+        metrics::counter!(
+            "seckill_redis_release_requested_total",
+            "reason" => ResultCode::PostgresSoldOut.label()
+        )
+        .increment(denied.len() as u64);
+    }
+
+    for &i in granted {
+        outcomes[i] = Some(OrderOutcome {
+            code: ResultCode::OrderCreated,
+            order_id: Some(inputs[i].msg.order_id),
+            duplicate: false,
+        });
+    }
+    for (i, code, order_id) in results {
+        outcomes[i] = Some(OrderOutcome {
+            code,
+            order_id,
+            duplicate: false,
+        });
+    }
+    outcomes
+        .into_iter()
+        .map(|o| o.ok_or_else(|| StoreError::Anomaly("a message got no outcome".into())))
+        .collect()
+}
+
+const INSERT_INBOX: &str = "
+INSERT INTO consumer_inbox (
+    consumer_group, message_id, topic, tag, message_key, reservation_id, payload_hash,
+    status, result_code, order_id
+)
+SELECT $1::text, m.message_id, m.topic, 'ORDER_CREATE', m.reservation_id::text,
+       m.reservation_id, m.payload_hash, 20, 'ORDER_CREATED', m.order_id
+FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::bytea[], $6::int8[])
+     AS m(message_id, topic, reservation_id, payload_hash, order_id)
+ON CONFLICT (consumer_group, message_id) DO NOTHING
+RETURNING message_id";
+
+/// `StoredResult`'s columns, then the message id.
+const LOAD_INBOX: &str = "
+SELECT result_code, order_id, payload_hash, message_id
+FROM consumer_inbox
+WHERE consumer_group = $1 AND message_id = ANY ($2::uuid[])";
+
+const UPDATE_INBOX_RESULTS: &str = "
+UPDATE consumer_inbox AS i
+SET result_code = m.code, order_id = m.order_id, processed_at = statement_timestamp()
+FROM unnest($2::uuid[], $3::text[], $4::int8[]) AS m(message_id, code, order_id)
+WHERE i.consumer_group = $1 AND i.message_id = m.message_id";
+
+const INSERT_RESERVATIONS: &str = "
+INSERT INTO inventory_reservation (
+    reservation_id, request_id, first_message_id, activity_id, sku_id, user_id,
+    inventory_bucket, quantity, status, redis_reserved_at, expires_at
+)
+SELECT m.reservation_id, m.request_id, m.message_id, $1::int8, $2::int8, m.user_id,
+       $3::int2, 1, 0, m.reserved_at, m.expires_at
+FROM unnest($4::uuid[], $5::uuid[], $6::uuid[], $7::int8[], $8::timestamptz[],
+            $9::timestamptz[])
+     AS m(reservation_id, request_id, message_id, user_id, reserved_at, expires_at)
+ON CONFLICT DO NOTHING
+RETURNING reservation_id";
+
+/// `reservation_verdict`'s columns, then the reservation id; locked in key order so
+/// two transactions locking overlapping sets cannot deadlock.
+const LOCK_RESERVATIONS: &str = "
+SELECT request_id, activity_id, sku_id, user_id, inventory_bucket, order_id, status,
+       reservation_id
+FROM inventory_reservation
+WHERE reservation_id = ANY ($1::uuid[])
+ORDER BY reservation_id
+FOR UPDATE";
+
+const INSERT_ORDERS: &str = "
+INSERT INTO orders (
+    order_id, order_no, request_id, reservation_id, source_message_id,
+    activity_id, sku_id, user_id, inventory_bucket, quantity,
+    unit_price, total_amount, currency, status, expire_at
+)
+SELECT m.order_id, m.order_no, m.request_id, m.reservation_id, m.message_id,
+       $1::int8, $2::int8, m.user_id, $3::int2, 1,
+       m.unit_price, m.unit_price, m.currency, 10, m.expire_at
+FROM unnest($4::int8[], $5::text[], $6::uuid[], $7::uuid[], $8::uuid[], $9::int8[],
+            $10::int8[], $11::text[], $12::timestamptz[])
+     AS m(order_id, order_no, request_id, reservation_id, message_id, user_id,
+          unit_price, currency, expire_at)
+ON CONFLICT DO NOTHING
+RETURNING order_id";
+
+const DELETE_PROVISIONAL_ORDERS: &str = "DELETE FROM orders WHERE order_id = ANY ($1::int8[])";
+
+const INSERT_ORDER_ITEMS: &str = "
+INSERT INTO order_items (
+    order_id, line_no, activity_id, sku_id, sku_title, quantity, unit_price, line_amount
+)
+SELECT m.order_id, 1, $1::int8, $2::int8, $3::text, 1, m.unit_price, m.unit_price
+FROM unnest($4::int8[], $5::int8[]) AS m(order_id, unit_price)";
+
+/// The k-th granted order sees the bucket as if the units had been taken one at a
+/// time: its before values are the after values of order k-1.
+const INSERT_ALLOCATE_LEDGERS: &str = "
+INSERT INTO inventory_ledger (
+    ledger_id, idempotency_key, reservation_id, order_id, source_message_id,
+    activity_id, sku_id, user_id, inventory_bucket, ledger_type,
+    available_delta, allocated_delta,
+    before_available, after_available, before_allocated, after_allocated, reason
+)
+SELECT m.ledger_id, 'ALLOCATE:' || m.reservation_id::text, m.reservation_id, m.order_id,
+       m.message_id, $1::int8, $2::int8, m.user_id, $3::int2, $4::int2,
+       -1, 1,
+       $5::int4 - (m.k::int4 - 1), $5::int4 - m.k::int4,
+       $6::int4 + (m.k::int4 - 1), $6::int4 + m.k::int4,
+       'ORDER_CREATED'
+FROM unnest($7::int8[], $8::uuid[], $9::int8[], $10::uuid[], $11::int8[]) WITH ORDINALITY
+     AS m(ledger_id, reservation_id, order_id, message_id, user_id, k)
+ON CONFLICT (idempotency_key) DO NOTHING";
+
+/// See `MARK_RESERVATION_ORDERED` for why the statuses are parameters.
+const MARK_RESERVATIONS_ORDERED: &str = "
+UPDATE inventory_reservation AS r
+SET status = $1,
+    order_id = m.order_id,
+    ordered_at = statement_timestamp(),
+    version = r.version + 1,
+    updated_at = statement_timestamp()
+FROM unnest($3::uuid[], $4::int8[]) AS m(reservation_id, order_id)
+WHERE r.reservation_id = m.reservation_id
+  AND r.status = $2";
+
+const REJECT_RESERVATIONS: &str = "
+UPDATE inventory_reservation AS r
+SET status = $1,
+    failure_code = $3,
+    version = r.version + 1,
+    updated_at = statement_timestamp()
+FROM unnest($4::uuid[]) AS m(reservation_id)
+WHERE r.reservation_id = m.reservation_id
+  AND r.status = $2";
