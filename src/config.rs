@@ -156,6 +156,7 @@ pub struct EngineSettings {
     pub db_permits: u32,
     pub node_id: u16,
     pub batch_max_size: u32,
+    pub bucket_pipeline: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -328,6 +329,12 @@ impl Settings {
                 "must be between 1 and 1024".into(),
             ));
         }
+        if !(1..=16).contains(&self.engine.bucket_pipeline) {
+            return Err(invalid(
+                "engine.bucket_pipeline",
+                "must be between 1 and 16".into(),
+            ));
+        }
         if self.engine.node_id > crate::domain::ids::MAX_NODE_ID {
             return Err(invalid(
                 "engine.node_id",
@@ -355,10 +362,17 @@ impl Settings {
         Ok(())
     }
 
-    /// Permits default to the pool size: one order transaction per connection.
+    /// Orders in flight (Little's law, §10.5): a hot bucket keeps `bucket_pipeline`
+    /// transactions of up to `batch_max_size` orders running while the next batch
+    /// forms, so that many orders must be in flight to keep every batch full; and
+    /// never fewer than there are connections.
     pub fn db_permits(&self) -> usize {
         match self.engine.db_permits {
-            0 => self.database.pool_size as usize,
+            0 => {
+                let hot_bucket = self.engine.batch_max_size as usize
+                    * (self.engine.bucket_pipeline as usize + 1);
+                hot_bucket.max(self.database.pool_size as usize)
+            }
             n => n as usize,
         }
     }
@@ -464,7 +478,9 @@ mod tests {
         Jail::expect_with(|_| {
             let s = Settings::load(None).expect("defaults are valid");
             assert_eq!(s.amqp.namespace, "seckill");
-            assert_eq!(s.db_permits(), s.database.pool_size as usize);
+            // Little's law default: the hot bucket's pipeline plus the batch forming.
+            assert_eq!(s.db_permits(), 64 * (3 + 1));
+            assert_eq!(usize::from(s.prefetch()), s.db_permits());
             assert_eq!(s.owned_shards(), vec![0]);
             Ok(())
         });

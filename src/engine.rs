@@ -83,6 +83,7 @@ impl Engine {
             statement_timeout: format!("{}ms", settings.database.statement_timeout_ms),
             max_attempts: settings.database.tx_max_attempts,
             batch_max_size: settings.engine.batch_max_size as usize,
+            pipeline: settings.engine.bucket_pipeline as usize,
         });
         let buckets = Registry::new("bucket", move |key: &BucketKey| {
             BucketActor::new(*key, shared.clone()).start()

@@ -1,11 +1,16 @@
 //! The bucket actor owns all database work for one inventory row (activity, sku,
-//! bucket): it runs that bucket's order transactions one at a time, so inside one
-//! engine instance the hot row is never contended and never waits on a PostgreSQL row
-//! lock. Group commit lives here: while a transaction runs, the orders that arrive
-//! wait in the actor, and the next transaction takes up to `engine.batch_max_size`
-//! of them in arrival order (one COMMIT for all).
+//! bucket) and the order in which its orders get units. Group commit lives here:
+//! while transactions run, the orders that arrive wait in the actor, and the next
+//! transaction takes up to `engine.batch_max_size` of them in arrival order (one
+//! COMMIT for all). Up to `engine.bucket_pipeline` transactions run at once, so one's
+//! inserts overlap another's inventory UPDATE and COMMIT; an `AllocationTurn` chain
+//! gives them the inventory row one at a time, from UPDATE to COMMIT, in the order
+//! the batches were formed, so inside one instance the hot row never waits on a
+//! PostgreSQL row lock. Orders related to a running transaction (a shared message,
+//! reservation, request, order or user key) wait for it to end: the transactions
+//! that overlap never wait on each other's rows.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -14,7 +19,9 @@ use actix::prelude::*;
 use crate::domain::ids::IdGenerator;
 use crate::domain::message::OrderCreateMessage;
 use crate::domain::outcome::{ErrorClass, OrderOutcome, ResultCode};
-use crate::store::orders::{create_orders, load_bucket_sku, OrderInput, OrderTxContext};
+use crate::store::orders::{
+    create_orders, load_bucket_sku, AllocationTurn, OrderInput, OrderKey, OrderTxContext,
+};
 use crate::store::{Pool, StoreError};
 use futures_util::future::LocalBoxFuture;
 use tokio::sync::oneshot;
@@ -47,6 +54,8 @@ pub struct BucketShared {
     pub max_attempts: u32,
     /// Orders per transaction at most (1: one transaction per message).
     pub batch_max_size: usize,
+    /// Transactions of one bucket running at once.
+    pub pipeline: usize,
 }
 
 pub struct BucketActor {
@@ -57,8 +66,14 @@ pub struct BucketActor {
     /// Orders waiting for the next transaction, in arrival order. Bounded by the
     /// DB permits: an order is routed here only under a permit.
     waiting: VecDeque<(RunOrder, oneshot::Sender<Result<OrderOutcome, ErrorClass>>)>,
-    /// A transaction is running.
-    busy: bool,
+    /// Transactions running.
+    running: usize,
+    /// The keys of the orders in running transactions, with how many hold each. An
+    /// order that shares one waits until they are done: an earlier transaction must
+    /// never wait on a row of a later one, which waits for its allocation turn.
+    running_keys: HashMap<OrderKey, usize>,
+    /// What the next transaction's allocation turn waits on.
+    last_turn: Option<oneshot::Receiver<()>>,
 }
 
 /// Run the order transaction for one message of this bucket.
@@ -77,36 +92,69 @@ impl BucketActor {
             shared,
             sku_title: None,
             waiting: VecDeque::new(),
-            busy: false,
+            running: 0,
+            running_keys: HashMap::new(),
+            last_turn: None,
         }
     }
 
-    /// Starts the next transaction if none runs and orders wait.
+    /// Starts transactions while a pipeline slot is free and orders wait.
     fn next_batch(&mut self, ctx: &mut Context<Self>) {
-        if self.busy || self.waiting.is_empty() {
-            return;
+        while self.running < self.shared.pipeline.max(1) && self.start_batch(ctx) {}
+    }
+
+    /// Starts a transaction with the orders at the head of the queue, up to the
+    /// first one related to a running transaction; false if there is none to take.
+    fn start_batch(&mut self, ctx: &mut Context<Self>) -> bool {
+        let n = self
+            .waiting
+            .iter()
+            .take(self.shared.batch_max_size.max(1))
+            .take_while(|(run, _)| {
+                OrderKey::of(&run.msg)
+                    .iter()
+                    .all(|k| !self.running_keys.contains_key(k))
+            })
+            .count();
+        if n == 0 {
+            return false;
         }
-        self.busy = true;
-        let n = self.waiting.len().min(self.shared.batch_max_size.max(1));
+        self.running += 1;
         let batch: Vec<_> = self.waiting.drain(..n).collect();
         let (runs, replies): (Vec<RunOrder>, Vec<_>) = batch.into_iter().unzip();
+        let keys: Vec<OrderKey> = runs.iter().flat_map(|r| OrderKey::of(&r.msg)).collect();
+        for k in &keys {
+            *self.running_keys.entry(*k).or_default() += 1;
+        }
         let (shared, key, cached) = (self.shared.clone(), self.key, self.sku_title.clone());
+        let (mut turn, next) = AllocationTurn::after(self.last_turn.take());
+        self.last_turn = Some(next);
         let work = async move {
             let mut title = cached;
-            let results = run_group(&shared, key, &mut title, &runs).await;
+            let results = run_group(&shared, key, &mut title, &mut turn, &runs).await;
             for (reply, result) in replies.into_iter().zip(results) {
                 // The asker may have gone (shutdown); its message is redelivered.
                 let _ = reply.send(result);
             }
+            turn.finish().await;
             title
         };
         ctx.spawn(work.into_actor(self).map(|title, actor, ctx| {
             if title.is_some() {
                 actor.sku_title = title;
             }
-            actor.busy = false;
+            actor.running -= 1;
+            for k in keys {
+                if let Some(n) = actor.running_keys.get_mut(&k) {
+                    *n -= 1;
+                    if *n == 0 {
+                        actor.running_keys.remove(&k);
+                    }
+                }
+            }
             actor.next_batch(ctx);
         }));
+        true
     }
 }
 
@@ -138,11 +186,12 @@ fn run_group<'a>(
     shared: &'a BucketShared,
     key: BucketKey,
     title: &'a mut Option<String>,
+    turn: &'a mut AllocationTurn,
     runs: &'a [RunOrder],
 ) -> LocalBoxFuture<'a, Vec<Result<OrderOutcome, ErrorClass>>> {
     Box::pin(async move {
         let started = Instant::now();
-        let result = run_orders(shared, key, title, runs).await;
+        let result = run_orders(shared, key, title, turn, runs).await;
         let elapsed = started.elapsed();
         match result {
             Ok(done) => {
@@ -158,8 +207,8 @@ fn run_group<'a>(
                 }
                 if runs.len() > 1 && matches!(class, ErrorClass::Fatal(_)) {
                     let (left, right) = runs.split_at(runs.len() / 2);
-                    let mut results = run_group(shared, key, title, left).await;
-                    results.extend(run_group(shared, key, title, right).await);
+                    let mut results = run_group(shared, key, title, turn, left).await;
+                    results.extend(run_group(shared, key, title, turn, right).await);
                     results
                 } else {
                     runs.iter().map(|_| Err(class.clone())).collect()
@@ -229,6 +278,7 @@ async fn run_orders(
     shared: &BucketShared,
     key: BucketKey,
     title: &mut Option<String>,
+    turn: &mut AllocationTurn,
     runs: &[RunOrder],
 ) -> Result<Done, StoreError> {
     let acquire = Instant::now();
@@ -265,7 +315,7 @@ async fn run_orders(
             ledger_id: shared.ids.next_id(),
         })
         .collect();
-    let (outcomes, attempts) = create_orders(&mut conn, &ctx, &inputs).await?;
+    let (outcomes, attempts) = create_orders(&mut conn, &ctx, &inputs, turn).await?;
     Ok(Done {
         outcomes,
         attempts,

@@ -5,8 +5,13 @@
 //! The registry holds the only address of each actor; dropping it stops the actor once
 //! its mailbox is empty. Because an entry is removed only when nothing is in flight,
 //! a message is never routed to an actor that is stopping.
+//!
+//! A reply is awaited in a task of its own, which then reports `Settled` back: actix
+//! polls every future spawned into a context each time the context wakes, so with
+//! hundreds of messages in flight, awaiting them inside the registry's context cost
+//! time quadratic in the number in flight (it showed in the profile of issue 8).
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
 
 use actix::dev::ToEnvelope;
@@ -20,9 +25,11 @@ pub struct Registry<K, A: Actor> {
     actors: HashMap<K, Entry<A>>,
     spawn: Spawn<K, A>,
     /// Messages routed and not yet answered, over all actors (their mailboxes plus
-    /// the one each is working on), and the deepest single mailbox.
+    /// the one each is working on).
     depth: usize,
-    max_depth: usize,
+    /// How many actors have each number of messages in flight; the last key is the
+    /// deepest single mailbox.
+    actors_by_depth: BTreeMap<usize, usize>,
 }
 
 struct Entry<A: Actor> {
@@ -51,14 +58,34 @@ impl<K, A: Actor> Registry<K, A> {
             actors: HashMap::new(),
             spawn: Box::new(spawn),
             depth: 0,
-            max_depth: 0,
+            actors_by_depth: BTreeMap::new(),
+        }
+    }
+
+    /// An actor's number in flight went from `from` to `to`.
+    fn moved(&mut self, from: usize, to: usize) {
+        if from > 0 {
+            if let Some(n) = self.actors_by_depth.get_mut(&from) {
+                *n -= 1;
+                if *n == 0 {
+                    self.actors_by_depth.remove(&from);
+                }
+            }
+        }
+        if to > 0 {
+            *self.actors_by_depth.entry(to).or_default() += 1;
         }
     }
 
     fn publish_depth(&self) {
         metrics::gauge!("seckill_mailbox_depth", "kind" => self.kind).set(self.depth as f64);
-        metrics::gauge!("seckill_mailbox_depth_max", "kind" => self.kind)
-            .set(self.max_depth as f64);
+        metrics::gauge!("seckill_mailbox_depth_max", "kind" => self.kind).set(
+            self.actors_by_depth
+                .keys()
+                .next_back()
+                .copied()
+                .unwrap_or(0) as f64,
+        );
     }
 }
 
@@ -66,17 +93,24 @@ impl<K: Unpin + 'static, A: Actor> Actor for Registry<K, A> {
     type Context = Context<Self>;
 }
 
+/// The reply to a routed message has come back.
+struct Settled<K>(K);
+
+impl<K> Message for Settled<K> {
+    type Result = ();
+}
+
 impl<K, A, M> Handler<Route<K, M>> for Registry<K, A>
 where
-    K: Hash + Eq + Clone + Unpin + 'static,
+    K: Hash + Eq + Clone + Unpin + Send + 'static,
     A: Actor + Handler<M>,
     A::Context: ToEnvelope<A, M>,
     M: Message + Send + 'static,
     M::Result: Send,
 {
-    type Result = ResponseActFuture<Self, Result<M::Result, MailboxError>>;
+    type Result = ResponseFuture<Result<M::Result, MailboxError>>;
 
-    fn handle(&mut self, route: Route<K, M>, _: &mut Self::Context) -> Self::Result {
+    fn handle(&mut self, route: Route<K, M>, ctx: &mut Self::Context) -> Self::Result {
         let Route { key, msg } = route;
         let spawn = &self.spawn;
         let entry = self.actors.entry(key.clone()).or_insert_with(|| Entry {
@@ -84,30 +118,39 @@ where
             in_flight: 0,
         });
         entry.in_flight += 1;
+        let (reply, now) = (entry.addr.send(msg), entry.in_flight);
+        self.moved(now - 1, now);
         self.depth += 1;
-        self.max_depth = self.max_depth.max(entry.in_flight);
-        let reply = entry.addr.send(msg);
         metrics::gauge!("seckill_live_actors", "kind" => self.kind).set(self.actors.len() as f64);
         self.publish_depth();
-        Box::pin(reply.into_actor(self).map(move |result, registry, _| {
-            if let Some(entry) = registry.actors.get_mut(&key) {
-                let was = entry.in_flight;
-                entry.in_flight -= 1;
-                if entry.in_flight == 0 {
-                    registry.actors.remove(&key);
-                }
-                registry.depth -= 1;
-                if was == registry.max_depth {
-                    registry.max_depth = registry
-                        .actors
-                        .values()
-                        .map(|e| e.in_flight)
-                        .max()
-                        .unwrap_or(0);
-                }
-                registry.publish_depth();
-            }
+        let registry = ctx.address();
+        Box::pin(async move {
+            let result = reply.await;
+            // The registry only goes away at shutdown, and its books with it.
+            let _ = registry.send(Settled(key)).await;
             result
-        }))
+        })
+    }
+}
+
+impl<K, A> Handler<Settled<K>> for Registry<K, A>
+where
+    K: Hash + Eq + Clone + Unpin + 'static,
+    A: Actor,
+{
+    type Result = ();
+
+    fn handle(&mut self, Settled(key): Settled<K>, _: &mut Self::Context) {
+        let Some(entry) = self.actors.get_mut(&key) else {
+            return;
+        };
+        entry.in_flight -= 1;
+        let now = entry.in_flight;
+        if now == 0 {
+            self.actors.remove(&key);
+        }
+        self.moved(now + 1, now);
+        self.depth -= 1;
+        self.publish_depth();
     }
 }

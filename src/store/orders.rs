@@ -19,6 +19,7 @@ use std::time::Duration;
 use rand::Rng;
 use serde_json::json;
 use sha2::{Digest, Sha256};
+use tokio::sync::oneshot;
 use tokio_postgres::Transaction;
 use uuid::Uuid;
 
@@ -63,10 +64,11 @@ pub async fn create_orders(
     conn: &mut PgConn,
     ctx: &OrderTxContext,
     inputs: &[OrderInput<'_>],
+    turn: &mut AllocationTurn,
 ) -> Result<(Vec<OrderOutcome>, u32), StoreError> {
     let mut attempt = 1;
     loop {
-        match create_orders_once(conn, ctx, inputs).await {
+        match create_orders_once(conn, ctx, inputs, turn).await {
             Ok(outcomes) => return Ok((outcomes, attempt)),
             Err(StoreError::Db(e))
                 if attempt < ctx.max_attempts
@@ -96,6 +98,7 @@ async fn create_orders_once(
     conn: &mut PgConn,
     ctx: &OrderTxContext,
     inputs: &[OrderInput<'_>],
+    turn: &mut AllocationTurn,
 ) -> Result<Vec<OrderOutcome>, StoreError> {
     let PgConn { client, statements } = conn;
     let tx = client.transaction().await?;
@@ -107,24 +110,117 @@ async fn create_orders_once(
     let mut outcomes = Vec::with_capacity(inputs.len());
     for segment in segments(inputs) {
         if let [input] = segment {
-            outcomes.push(order_body(&tx, st, ctx, input).await?);
+            outcomes.push(order_body(&tx, st, ctx, input, turn).await?);
         } else {
-            outcomes.extend(set_based::run_segment(&tx, st, ctx, segment).await?);
+            outcomes.extend(set_based::run_segment(&tx, st, ctx, segment, turn).await?);
         }
     }
+    turn.pass_on().await;
     commit(tx).await?;
     Ok(outcomes)
 }
 
-/// A value some unique key of the order rows is built from.
-#[derive(PartialEq, Eq, Hash)]
-enum SegmentKey<'a> {
+/// A transaction's turn at its bucket's inventory row. A bucket actor may run a
+/// few transactions at once so that one's inserts overlap another's UPDATE and
+/// COMMIT; the turns make their inventory UPDATEs happen one transaction at a time,
+/// in the order the batches were formed. A transaction waits for its turn before its
+/// first UPDATE and passes it on when every statement has succeeded and only COMMIT
+/// is left, so the next one's UPDATE waits on the row lock at most for a COMMIT in
+/// flight. A transaction that fails before that keeps the turn until its owner
+/// `finish`es it: a batch split after a failure keeps its place. (A COMMIT that
+/// fails sends its messages to the retry queue, as with one transaction at a time.)
+/// Dropping an unfinished turn passes it on once the turn before it has passed.
+pub struct AllocationTurn {
+    wait: Option<oneshot::Receiver<()>>,
+    pass: Option<oneshot::Sender<()>>,
+}
+
+impl AllocationTurn {
+    /// A turn that waits for nobody and that nobody waits for.
+    pub fn free() -> Self {
+        Self {
+            wait: None,
+            pass: None,
+        }
+    }
+
+    /// The turn after the one whose receiver is `previous` (none: the first);
+    /// returns it with the receiver the turn after it waits on.
+    pub fn after(previous: Option<oneshot::Receiver<()>>) -> (Self, oneshot::Receiver<()>) {
+        let (pass, next) = oneshot::channel();
+        let turn = Self {
+            wait: previous,
+            pass: Some(pass),
+        };
+        (turn, next)
+    }
+
+    /// Returns when the turns before this one have passed.
+    async fn wait(&mut self) {
+        if let Some(previous) = self.wait.take() {
+            // An error means the previous turn was dropped: passed too.
+            let _ = previous.await;
+        }
+    }
+
+    /// Passes the turn on, after the turns before it (a transaction that never
+    /// reached the row still keeps the order). Passing twice does nothing.
+    pub async fn pass_on(&mut self) {
+        self.wait().await;
+        if let Some(pass) = self.pass.take() {
+            let _ = pass.send(());
+        }
+    }
+
+    /// Passes the turn on if the transaction has not already.
+    pub async fn finish(mut self) {
+        self.pass_on().await;
+    }
+}
+
+impl Drop for AllocationTurn {
+    /// Without a runtime (the engine is shutting down) the order no longer
+    /// matters: dropping `pass` lets the next one go.
+    fn drop(&mut self) {
+        let (Some(pass), Some(previous)) = (self.pass.take(), self.wait.take()) else {
+            return;
+        };
+        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
+            runtime.spawn(async move {
+                let _ = previous.await;
+                let _ = pass.send(());
+            });
+        }
+    }
+}
+
+/// A value some unique key of the rows an order message writes is built from
+/// (inbox, reservation, order, ledger, outbox, compensation). Two messages that share
+/// none cannot wait on each other's rows.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum OrderKey {
     Message(Uuid),
     Reservation(Uuid),
     Request(Uuid),
     OrderId(i64),
-    OrderNo(&'a str),
+    /// A hash of the order number: a collision only makes two messages look related.
+    OrderNo(u64),
     User(i64, i64, i64),
+}
+
+impl OrderKey {
+    pub fn of(m: &OrderCreateMessage) -> [OrderKey; 6] {
+        let mut order_no = std::hash::DefaultHasher::new();
+        std::hash::Hash::hash(&m.order_no, &mut order_no);
+        [
+            OrderKey::Message(m.message_id),
+            OrderKey::Reservation(m.reservation_id),
+            OrderKey::Request(m.request_id),
+            OrderKey::OrderId(m.order_id),
+            OrderKey::OrderNo(std::hash::Hasher::finish(&order_no)),
+            OrderKey::User(m.activity_id, m.sku_id, m.user_id),
+        ]
+    }
 }
 
 /// Cuts `inputs`, in order, into the longest runs of one bucket in which no two
@@ -134,17 +230,10 @@ enum SegmentKey<'a> {
 fn segments<'i, 'a>(inputs: &'i [OrderInput<'a>]) -> Vec<&'i [OrderInput<'a>]> {
     let mut out = Vec::new();
     let mut start = 0;
-    let mut seen: HashSet<SegmentKey<'a>> = HashSet::new();
+    let mut seen: HashSet<OrderKey> = HashSet::new();
     for (i, input) in inputs.iter().enumerate() {
         let m = input.msg;
-        let keys = [
-            SegmentKey::Message(m.message_id),
-            SegmentKey::Reservation(m.reservation_id),
-            SegmentKey::Request(m.request_id),
-            SegmentKey::OrderId(m.order_id),
-            SegmentKey::OrderNo(&m.order_no),
-            SegmentKey::User(m.activity_id, m.sku_id, m.user_id),
-        ];
+        let keys = OrderKey::of(m);
         let first = inputs[start].msg;
         let other_bucket = (first.activity_id, first.sku_id, first.inventory_bucket)
             != (m.activity_id, m.sku_id, m.inventory_bucket);
@@ -167,6 +256,7 @@ async fn order_body(
     st: &mut StatementCache,
     ctx: &OrderTxContext,
     input: &OrderInput<'_>,
+    turn: &mut AllocationTurn,
 ) -> Result<OrderOutcome, StoreError> {
     let msg = input.msg;
 
@@ -248,7 +338,7 @@ async fn order_body(
     }
 
     // 4. The final stock check: a conditional UPDATE on the message's own bucket (§9.4).
-    let taken = allocate(tx, st, msg, 1).await?;
+    let taken = allocate(tx, st, turn, msg, 1).await?;
     let Some(before) = taken.filter(|a| a.units == 1) else {
         // The order row was inserted by this transaction a moment ago and nothing
         // references it yet, so it can simply go (§9.11).
@@ -441,6 +531,7 @@ struct Allocation {
 async fn allocate(
     tx: &Transaction<'_>,
     st: &mut StatementCache,
+    turn: &mut AllocationTurn,
     bucket: &OrderCreateMessage,
     wanted: i32,
 ) -> Result<Option<Allocation>, StoreError> {
@@ -450,6 +541,7 @@ async fn allocate(
         &bucket.inventory_bucket,
     );
     let take = st.get(tx, ALLOCATE_UNITS).await?;
+    turn.wait().await;
     if let Some(row) = tx.query_opt(&take, &[activity, sku, no, &wanted]).await? {
         return Ok(Some(Allocation::from_row(&row, wanted)));
     }

@@ -12,7 +12,7 @@ use proptest::sample::Index;
 use proptest::test_runner::{Config, TestRunner};
 use seckill_engine::domain::message::OrderCreateMessage;
 use seckill_engine::domain::outcome::OrderOutcome;
-use seckill_engine::store::orders::{create_orders, OrderInput, OrderTxContext};
+use seckill_engine::store::orders::{create_orders, AllocationTurn, OrderInput, OrderTxContext};
 use seckill_engine::store::{PgConn, StatementCache};
 use tokio_postgres::Client;
 
@@ -109,7 +109,7 @@ async fn run(env: &TestEnv, msgs: &[OrderCreateMessage], chunks: &[usize]) -> Ve
                 ledger_id: ((at + i) as i64 + 1) * 1_000,
             })
             .collect();
-        let (done, _) = create_orders(&mut conn, &ctx, &inputs)
+        let (done, _) = create_orders(&mut conn, &ctx, &inputs, &mut AllocationTurn::free())
             .await
             .expect("the mix has no invalid message");
         outcomes.extend(done);
@@ -206,4 +206,53 @@ fn batched_transactions_give_every_message_its_single_outcome() {
     ] {
         assert!(seen.contains(label), "no {label} in {seen:?}");
     }
+}
+
+/// Runs `msgs` as one transaction in `turn`.
+async fn run_in_turn(
+    env: &TestEnv,
+    msgs: &[OrderCreateMessage],
+    mut turn: AllocationTurn,
+) -> Vec<OrderOutcome> {
+    let mut conn = PgConn {
+        client: env.db().await,
+        statements: StatementCache::default(),
+    };
+    let inputs: Vec<OrderInput<'_>> = msgs
+        .iter()
+        .enumerate()
+        .map(|(i, msg)| OrderInput {
+            msg,
+            topic: "test.order.create.0",
+            ledger_id: i as i64 + 1 + msgs[0].user_id * 1_000,
+        })
+        .collect();
+    let (outcomes, _) = create_orders(&mut conn, &context(), &inputs, &mut turn)
+        .await
+        .expect("valid messages");
+    turn.finish().await;
+    outcomes
+}
+
+/// Overlapping transactions of one bucket (engine.bucket_pipeline > 1) take units in
+/// the order of their turns, whichever reaches the database first: the second
+/// reaches the row only when the first has finished.
+#[actix_rt::test]
+async fn overlapping_transactions_of_a_bucket_allocate_in_turn_order() {
+    let env = TestEnv::new().await;
+    builders::activity(&mut env.db().await, 62, 1, 5, 1).await;
+    let first: Vec<_> = (1..=5).map(|u| order(62, 1, u, 0)).collect();
+    let second: Vec<_> = (101..=105).map(|u| order(62, 1, u, 0)).collect();
+    let (turn_a, next) = AllocationTurn::after(None);
+    let (turn_b, _) = AllocationTurn::after(Some(next));
+
+    // The second batch starts first; it must stop before its inventory UPDATE.
+    let mut second_run = Box::pin(run_in_turn(&env, &second, turn_b));
+    let early = tokio::time::timeout(std::time::Duration::from_millis(500), &mut second_run).await;
+    assert!(early.is_err(), "the second batch allocated before its turn");
+    let (a, b) = tokio::join!(run_in_turn(&env, &first, turn_a), second_run);
+    assert!(a.iter().all(|o| o.label() == "created"), "{a:?}");
+    assert!(b.iter().all(|o| o.label() == "sold_out"), "{b:?}");
+    assert_invariants(&env.db().await).await;
+    env.cleanup().await;
 }

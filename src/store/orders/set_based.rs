@@ -16,8 +16,8 @@ use uuid::Uuid;
 
 use super::{
     allocate, expect_rows, explain_order_conflict, order_created_event, payload_hash,
-    release_event, release_task, reservation_expires_at, reservation_verdict, OrderInput,
-    OrderTxContext, StoredResult,
+    release_event, release_task, reservation_expires_at, reservation_verdict, AllocationTurn,
+    OrderInput, OrderTxContext, StoredResult,
 };
 use crate::domain::outcome::{OrderOutcome, ResultCode};
 use crate::domain::status::{LedgerType, ReservationStatus};
@@ -33,6 +33,7 @@ pub(super) async fn run_segment(
     st: &mut StatementCache,
     ctx: &OrderTxContext,
     inputs: &[OrderInput<'_>],
+    turn: &mut AllocationTurn,
 ) -> Result<Vec<OrderOutcome>, StoreError> {
     let bucket = inputs[0].msg;
     let mut outcomes: Vec<Option<OrderOutcome>> = vec![None; inputs.len()];
@@ -190,7 +191,7 @@ pub(super) async fn run_segment(
     } else {
         let wanted = i32::try_from(eligible.len())
             .map_err(|_| StoreError::Anomaly("segment too large".into()))?;
-        allocate(tx, st, bucket, wanted).await?
+        allocate(tx, st, turn, bucket, wanted).await?
     };
     let units = allocation.map_or(0, |a| a.units as usize);
     let (granted, denied) = eligible.split_at(units);
