@@ -20,11 +20,11 @@ use crate::domain::ids::IdGenerator;
 use crate::domain::message::OrderCreateMessage;
 use crate::domain::outcome::{ErrorClass, OrderOutcome, ResultCode};
 use crate::store::orders::{
-    create_orders, load_bucket_sku, AllocationTurn, OrderInput, OrderKey, OrderTxContext,
+    create_orders, load_bucket_sku, AllocationTurn, OrderInput, OrderKey, OrderTxContext, Stage,
 };
 use crate::store::{Pool, StoreError};
 use futures_util::future::LocalBoxFuture;
-use tokio::sync::oneshot;
+use tokio::sync::{oneshot, watch};
 
 /// Identifies one inventory row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -73,7 +73,7 @@ pub struct BucketActor {
     /// never wait on a row of a later one, which waits for its allocation turn.
     running_keys: HashMap<OrderKey, usize>,
     /// What the next transaction's allocation turn waits on.
-    last_turn: Option<oneshot::Receiver<()>>,
+    last_turn: Option<watch::Receiver<Stage>>,
 }
 
 /// Run the order transaction for one message of this bucket.
@@ -281,8 +281,10 @@ async fn run_orders(
     turn: &mut AllocationTurn,
     runs: &[RunOrder],
 ) -> Result<Done, StoreError> {
+    turn.wait_seat().await;
     let acquire = Instant::now();
     let mut conn = shared.pool.get().await?;
+    turn.seated();
     let pool_acquire = acquire.elapsed();
     metrics::histogram!("seckill_db_pool_acquire_seconds").record(pool_acquire.as_secs_f64());
     let sku_title = match title {

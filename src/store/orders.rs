@@ -19,7 +19,7 @@ use std::time::Duration;
 use rand::Rng;
 use serde_json::json;
 use sha2::{Digest, Sha256};
-use tokio::sync::oneshot;
+use tokio::sync::watch;
 use tokio_postgres::Transaction;
 use uuid::Uuid;
 
@@ -129,47 +129,84 @@ async fn create_orders_once(
 /// flight. A transaction that fails before that keeps the turn until its owner
 /// `finish`es it: a batch split after a failure keeps its place. (A COMMIT that
 /// fails sends its messages to the retry queue, as with one transaction at a time.)
-/// Dropping an unfinished turn passes it on once the turn before it has passed.
+///
+/// Connections are taken in turn order too (`seat`): a transaction takes a pooled
+/// connection only once the one before it holds one. Otherwise the pool could be
+/// held entirely by transactions waiting for turns whose owners wait for a
+/// connection. Dropping an unfinished turn passes it on once the turn before it has.
 pub struct AllocationTurn {
-    wait: Option<oneshot::Receiver<()>>,
-    pass: Option<oneshot::Sender<()>>,
+    previous: Option<watch::Receiver<Stage>>,
+    mine: Option<watch::Sender<Stage>>,
+}
+
+/// How far a turn has got; only ever moves forward.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Stage {
+    Waiting,
+    Seated,
+    Passed,
 }
 
 impl AllocationTurn {
     /// A turn that waits for nobody and that nobody waits for.
     pub fn free() -> Self {
         Self {
-            wait: None,
-            pass: None,
+            previous: None,
+            mine: None,
         }
     }
 
     /// The turn after the one whose receiver is `previous` (none: the first);
     /// returns it with the receiver the turn after it waits on.
-    pub fn after(previous: Option<oneshot::Receiver<()>>) -> (Self, oneshot::Receiver<()>) {
-        let (pass, next) = oneshot::channel();
+    pub fn after(previous: Option<watch::Receiver<Stage>>) -> (Self, watch::Receiver<Stage>) {
+        let (mine, next) = watch::channel(Stage::Waiting);
         let turn = Self {
-            wait: previous,
-            pass: Some(pass),
+            previous,
+            mine: Some(mine),
         };
         (turn, next)
     }
 
-    /// Returns when the turns before this one have passed.
-    async fn wait(&mut self) {
-        if let Some(previous) = self.wait.take() {
-            // An error means the previous turn was dropped: passed too.
-            let _ = previous.await;
+    /// Returns when the turn before this one has reached `stage` (or is gone).
+    async fn reached(&mut self, stage: Stage) {
+        if let Some(previous) = &mut self.previous {
+            // An error means the previous turn is gone: it has passed.
+            let _ = previous.wait_for(|s| *s >= stage).await;
         }
+    }
+
+    fn advance(&mut self, stage: Stage) {
+        if let Some(mine) = &self.mine {
+            mine.send_if_modified(|s| {
+                let forward = *s < stage;
+                if forward {
+                    *s = stage;
+                }
+                forward
+            });
+        }
+    }
+
+    /// Returns when this transaction may take a pooled connection.
+    pub async fn wait_seat(&mut self) {
+        self.reached(Stage::Seated).await;
+    }
+
+    /// This transaction holds a connection.
+    pub fn seated(&mut self) {
+        self.advance(Stage::Seated);
+    }
+
+    /// Returns when the inventory row is this transaction's.
+    async fn wait(&mut self) {
+        self.reached(Stage::Passed).await;
     }
 
     /// Passes the turn on, after the turns before it (a transaction that never
     /// reached the row still keeps the order). Passing twice does nothing.
     pub async fn pass_on(&mut self) {
         self.wait().await;
-        if let Some(pass) = self.pass.take() {
-            let _ = pass.send(());
-        }
+        self.advance(Stage::Passed);
     }
 
     /// Passes the turn on if the transaction has not already.
@@ -179,16 +216,28 @@ impl AllocationTurn {
 }
 
 impl Drop for AllocationTurn {
-    /// Without a runtime (the engine is shutting down) the order no longer
-    /// matters: dropping `pass` lets the next one go.
+    /// Passes the turn on behind the one before it. Without a runtime (the engine
+    /// is shutting down) the order no longer matters: the successor sees this turn
+    /// gone and goes ahead.
     fn drop(&mut self) {
-        let (Some(pass), Some(previous)) = (self.pass.take(), self.wait.take()) else {
+        let (Some(mine), Some(mut previous)) = (self.mine.take(), self.previous.take()) else {
             return;
         };
+        if *mine.borrow() == Stage::Passed {
+            return;
+        }
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                let _ = previous.await;
-                let _ = pass.send(());
+                for stage in [Stage::Seated, Stage::Passed] {
+                    let _ = previous.wait_for(|s| *s >= stage).await;
+                    mine.send_if_modified(|s| {
+                        let forward = *s < stage;
+                        if forward {
+                            *s = stage;
+                        }
+                        forward
+                    });
+                }
             });
         }
     }
@@ -894,3 +943,45 @@ SET status = $3,
     updated_at = statement_timestamp()
 WHERE reservation_id = $1
   AND status = $4";
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use tokio::time::timeout;
+
+    use super::AllocationTurn;
+
+    const BLOCKED: Duration = Duration::from_millis(100);
+    const PROMPT: Duration = Duration::from_secs(5);
+
+    #[tokio::test]
+    async fn a_turn_is_seated_and_reaches_the_row_only_after_the_one_before() {
+        let (mut first, next) = AllocationTurn::after(None);
+        let (mut second, _) = AllocationTurn::after(Some(next));
+        assert!(timeout(BLOCKED, second.wait_seat()).await.is_err());
+        first.seated();
+        timeout(PROMPT, second.wait_seat())
+            .await
+            .expect("seat follows");
+        assert!(timeout(BLOCKED, second.wait()).await.is_err());
+        first.pass_on().await;
+        timeout(PROMPT, second.wait()).await.expect("row follows");
+    }
+
+    #[tokio::test]
+    async fn a_dropped_turn_passes_on_only_behind_the_one_before_it() {
+        let (mut first, next) = AllocationTurn::after(None);
+        let (second, next) = AllocationTurn::after(Some(next));
+        let (mut third, _) = AllocationTurn::after(Some(next));
+        drop(second);
+        assert!(timeout(BLOCKED, third.wait_seat()).await.is_err());
+        first.seated();
+        timeout(PROMPT, third.wait_seat())
+            .await
+            .expect("seat follows");
+        assert!(timeout(BLOCKED, third.wait()).await.is_err());
+        first.finish().await;
+        timeout(PROMPT, third.wait()).await.expect("row follows");
+    }
+}
