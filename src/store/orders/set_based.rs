@@ -217,15 +217,12 @@ pub(super) async fn run_segment(
         tasks.push(release_task(msg, ResultCode::PostgresSoldOut));
         events.push(release_event(msg, ResultCode::PostgresSoldOut));
     }
-    let (r_message_ids, r_codes, r_order_ids): (Vec<Uuid>, Vec<&str>, Vec<Option<i64>>) = results
+    let r_message_ids: Vec<Uuid> = results
         .iter()
-        .map(|&(i, code, order_id)| (inputs[i].msg.message_id, code.as_str(), order_id))
-        .fold(Default::default(), |(mut a, mut b, mut c), (x, y, z)| {
-            a.push(x);
-            b.push(y);
-            c.push(z);
-            (a, b, c)
-        });
+        .map(|&(i, _, _)| inputs[i].msg.message_id)
+        .collect();
+    let r_codes: Vec<&str> = results.iter().map(|&(_, code, _)| code.as_str()).collect();
+    let r_order_ids: Vec<Option<i64>> = results.iter().map(|&(_, _, id)| id).collect();
 
     let insert_items = st.get(tx, INSERT_ORDER_ITEMS).await?;
     let insert_ledger = st.get(tx, INSERT_ALLOCATE_LEDGERS).await?;
