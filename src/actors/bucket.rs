@@ -65,7 +65,7 @@ pub struct BucketActor {
     sku_title: Option<String>,
     /// Orders waiting for the next transaction, in arrival order. Bounded by the
     /// DB permits: an order is routed here only under a permit.
-    waiting: VecDeque<(RunOrder, oneshot::Sender<Result<OrderOutcome, ErrorClass>>)>,
+    waiting: VecDeque<Waiting>,
     /// Transactions running.
     running: usize,
     /// The keys of the orders in running transactions, with how many hold each. An
@@ -74,6 +74,13 @@ pub struct BucketActor {
     running_keys: HashMap<OrderKey, usize>,
     /// What the next transaction's allocation turn waits on.
     last_turn: Option<watch::Receiver<Stage>>,
+}
+
+/// An order waiting for a transaction, with its keys and where its answer goes.
+struct Waiting {
+    run: RunOrder,
+    keys: [OrderKey; 6],
+    reply: oneshot::Sender<Result<OrderOutcome, ErrorClass>>,
 }
 
 /// Run the order transaction for one message of this bucket.
@@ -110,19 +117,20 @@ impl BucketActor {
             .waiting
             .iter()
             .take(self.shared.batch_max_size.max(1))
-            .take_while(|(run, _)| {
-                OrderKey::of(&run.msg)
-                    .iter()
-                    .all(|k| !self.running_keys.contains_key(k))
-            })
+            .take_while(|w| w.keys.iter().all(|k| !self.running_keys.contains_key(k)))
             .count();
         if n == 0 {
             return false;
         }
         self.running += 1;
-        let batch: Vec<_> = self.waiting.drain(..n).collect();
-        let (runs, replies): (Vec<RunOrder>, Vec<_>) = batch.into_iter().unzip();
-        let keys: Vec<OrderKey> = runs.iter().flat_map(|r| OrderKey::of(&r.msg)).collect();
+        let mut runs = Vec::with_capacity(n);
+        let mut replies = Vec::with_capacity(n);
+        let mut keys = Vec::with_capacity(n * 6);
+        for w in self.waiting.drain(..n) {
+            runs.push(w.run);
+            replies.push(w.reply);
+            keys.extend(w.keys);
+        }
         for k in &keys {
             *self.running_keys.entry(*k).or_default() += 1;
         }
@@ -167,7 +175,11 @@ impl Handler<RunOrder> for BucketActor {
 
     fn handle(&mut self, run: RunOrder, ctx: &mut Self::Context) -> Self::Result {
         let (reply, answer) = oneshot::channel();
-        self.waiting.push_back((run, reply));
+        self.waiting.push_back(Waiting {
+            keys: OrderKey::of(&run.msg),
+            run,
+            reply,
+        });
         self.next_batch(ctx);
         Box::pin(async move {
             answer
