@@ -218,6 +218,8 @@ fn run_group<'a>(
                     log_failed(shared, key, run, &e, elapsed);
                 }
                 if runs.len() > 1 && matches!(class, ErrorClass::Fatal(_)) {
+                    // The parts run after each other; later batches wait for all.
+                    turn.hold();
                     let (left, right) = runs.split_at(runs.len() / 2);
                     let mut results = run_group(shared, key, title, turn, left).await;
                     results.extend(run_group(shared, key, title, turn, right).await);

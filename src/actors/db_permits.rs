@@ -1,4 +1,5 @@
-//! DbPermits owns the number of order transactions allowed in flight. Intake takes a
+//! DbPermits owns the number of order messages allowed in flight (several share a
+//! transaction under group commit). Intake takes a
 //! permit before it dispatches a message and stops pulling from RabbitMQ while none is
 //! free: that is the backpressure from PostgreSQL to the queue. A permit is returned
 //! when it is dropped, whatever the outcome of its transaction.

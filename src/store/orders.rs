@@ -126,8 +126,9 @@ async fn create_orders_once(
 /// in the order the batches were formed. A transaction waits for its turn before its
 /// first UPDATE and passes it on when every statement has succeeded and only COMMIT
 /// is left, so the next one's UPDATE waits on the row lock at most for a COMMIT in
-/// flight. A transaction that fails before that keeps the turn until its owner
-/// `finish`es it: a batch split after a failure keeps its place. (A COMMIT that
+/// flight. A transaction that fails before that keeps the turn, and a batch split
+/// after a failure `hold`s it through all its parts until its owner `finish`es it:
+/// it keeps its place. (A COMMIT that
 /// fails sends its messages to the retry queue, as with one transaction at a time.)
 ///
 /// Connections are taken in turn order too (`seat`): a transaction takes a pooled
@@ -137,6 +138,9 @@ async fn create_orders_once(
 pub struct AllocationTurn {
     previous: Option<watch::Receiver<Stage>>,
     mine: Option<watch::Sender<Stage>>,
+    /// Set when the batch was split: its parts commit one by one and the turn
+    /// passes only when the owner `finish`es it.
+    held: bool,
 }
 
 /// How far a turn has got; only ever moves forward.
@@ -153,6 +157,7 @@ impl AllocationTurn {
         Self {
             previous: None,
             mine: None,
+            held: false,
         }
     }
 
@@ -163,6 +168,7 @@ impl AllocationTurn {
         let turn = Self {
             previous,
             mine: Some(mine),
+            held: false,
         };
         (turn, next)
     }
@@ -202,15 +208,24 @@ impl AllocationTurn {
         self.reached(Stage::Passed).await;
     }
 
-    /// Passes the turn on, after the turns before it (a transaction that never
-    /// reached the row still keeps the order). Passing twice does nothing.
-    pub async fn pass_on(&mut self) {
-        self.wait().await;
-        self.advance(Stage::Passed);
+    /// The batch failed and is being split: keep the turn through all its parts.
+    pub fn hold(&mut self) {
+        self.held = true;
     }
 
-    /// Passes the turn on if the transaction has not already.
+    /// Only COMMIT is left: passes the turn on, after the turns before it (a
+    /// transaction that never reached the row still keeps the order), unless the
+    /// turn is held. Passing twice does nothing.
+    pub async fn pass_on(&mut self) {
+        if !self.held {
+            self.wait().await;
+            self.advance(Stage::Passed);
+        }
+    }
+
+    /// The batch is done: passes the turn on if it has not been already.
     pub async fn finish(mut self) {
+        self.held = false;
         self.pass_on().await;
     }
 }
@@ -708,33 +723,34 @@ async fn reject(
         )
         .await?;
     expect_rows(n, 1, "reservations locked in PENDING_DB")?;
-    insert_task(tx, st, release_task(msg, code)).await?;
-    insert_event(tx, st, release_event(msg, code)).await?;
+    let (task, event) = release(msg, code);
+    insert_task(tx, st, task).await?;
+    insert_event(tx, st, event).await?;
     metrics::counter!("seckill_redis_release_requested_total", "reason" => code.label())
         .increment(1);
     Ok(())
 }
 
-/// The Redis give-back of a rejected reservation's unit.
-fn release_task(msg: &OrderCreateMessage, code: ResultCode) -> NewTask {
-    NewTask {
-        task_type: CompensationType::RedisStockRelease,
-        idempotency_key: redis_release_key(msg.reservation_id),
-        reservation_id: Some(msg.reservation_id),
-        order_id: None,
-        payload: release_payload(msg, code),
-    }
-}
-
-fn release_event(msg: &OrderCreateMessage, code: ResultCode) -> Event {
-    Event {
+/// The Redis give-back of a rejected reservation's unit: the compensation task for
+/// the worker and the event announcing it, with one payload.
+fn release(msg: &OrderCreateMessage, code: ResultCode) -> (NewTask, Event) {
+    let payload = release_payload(msg, code);
+    let event = Event {
         dedup_key: format!("INVENTORY_RELEASE_REQUESTED:{}", msg.reservation_id),
         aggregate_type: "RESERVATION",
         aggregate_id: msg.reservation_id.to_string(),
         tag: "INVENTORY_RELEASE_REQUESTED",
         message_key: msg.reservation_id.to_string(),
-        payload: release_payload(msg, code),
-    }
+        payload: payload.clone(),
+    };
+    let task = NewTask {
+        task_type: CompensationType::RedisStockRelease,
+        idempotency_key: redis_release_key(msg.reservation_id),
+        reservation_id: Some(msg.reservation_id),
+        order_id: None,
+        payload,
+    };
+    (task, event)
 }
 
 fn release_payload(msg: &OrderCreateMessage, code: ResultCode) -> serde_json::Value {
@@ -983,5 +999,17 @@ mod tests {
         assert!(timeout(BLOCKED, third.wait()).await.is_err());
         first.finish().await;
         timeout(PROMPT, third.wait()).await.expect("row follows");
+    }
+
+    #[tokio::test]
+    async fn a_held_turn_passes_only_when_finished() {
+        let (mut first, next) = AllocationTurn::after(None);
+        let (mut second, _) = AllocationTurn::after(Some(next));
+        first.seated();
+        first.hold();
+        first.pass_on().await;
+        assert!(timeout(BLOCKED, second.wait()).await.is_err());
+        first.finish().await;
+        timeout(PROMPT, second.wait()).await.expect("row follows");
     }
 }

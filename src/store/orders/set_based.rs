@@ -15,9 +15,9 @@ use tokio_postgres::{Row, Transaction};
 use uuid::Uuid;
 
 use super::{
-    allocate, expect_rows, explain_order_conflict, order_created_event, payload_hash,
-    release_event, release_task, reservation_expires_at, reservation_verdict, AllocationTurn,
-    OrderInput, OrderTxContext, StoredResult,
+    allocate, expect_rows, explain_order_conflict, order_created_event, payload_hash, release,
+    reservation_expires_at, reservation_verdict, AllocationTurn, OrderInput, OrderTxContext,
+    StoredResult,
 };
 use crate::domain::outcome::{OrderOutcome, ResultCode};
 use crate::domain::status::{LedgerType, ReservationStatus};
@@ -214,8 +214,9 @@ pub(super) async fn run_segment(
         events.push(order_created_event(msg));
     }
     for msg in &denied_msgs {
-        tasks.push(release_task(msg, ResultCode::PostgresSoldOut));
-        events.push(release_event(msg, ResultCode::PostgresSoldOut));
+        let (task, event) = release(msg, ResultCode::PostgresSoldOut);
+        tasks.push(task);
+        events.push(event);
     }
     let r_message_ids: Vec<Uuid> = results
         .iter()
