@@ -3,7 +3,8 @@
 //! message to the queue's work (`IntakeWork`: the order pipeline, payment callbacks),
 //! and settles the delivery from the outcome: ack after commit, delayed retry for
 //! transient failures and unknown commits, dead-letter with a reason for poison.
-//! Nothing is acked before its effect (or its recorded rejection) is committed.
+//! Nothing is acked before its effect (or its recorded rejection) is committed. Acks
+//! go through the channel's `Acks` task, which merges contiguous ones into one frame.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -12,8 +13,7 @@ use actix::prelude::*;
 use futures_util::future::LocalBoxFuture;
 use lapin::message::Delivery;
 use lapin::options::{
-    BasicAckOptions, BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions,
-    BasicRejectOptions,
+    BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions,
 };
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{BasicProperties, Channel};
@@ -28,6 +28,7 @@ use crate::config::AmqpSettings;
 use crate::domain::message::{OrderCreateMessage, PoisonReason};
 use crate::domain::outcome::{disposition, Disposition, ErrorClass};
 use crate::domain::payment::PaymentCallback;
+use crate::mq::acks::{AckCounts, Acks};
 use crate::mq::publisher::ConfirmedPublisher;
 use crate::mq::topology::declare_topology;
 use crate::mq::{
@@ -111,6 +112,7 @@ pub struct IntakeStats {
     peak: AtomicUsize,
     /// Intakes currently connected and consuming.
     consuming: AtomicUsize,
+    acks: Arc<AckCounts>,
 }
 
 impl IntakeStats {
@@ -122,6 +124,10 @@ impl IntakeStats {
     }
     pub fn peak(&self) -> usize {
         self.peak.load(Ordering::Relaxed)
+    }
+    /// Deliveries acked, and the frames that acked them.
+    pub fn acks(&self) -> &AckCounts {
+        &self.acks
     }
 
     /// Waits until nothing is in flight or `grace` has passed; returns whether it
@@ -237,6 +243,15 @@ struct Link {
     channel: Channel,
     consumer_tag: String,
     publisher: ConfirmedPublisher,
+    acks: Acks,
+}
+
+/// Where a delivery goes once its outcome is known.
+#[derive(Clone)]
+struct Outlet {
+    routes: IntakeRoutes,
+    publisher: ConfirmedPublisher,
+    acks: Acks,
 }
 
 impl<W: IntakeWork> Intake<W> {
@@ -337,13 +352,23 @@ impl<W: IntakeWork> Intake<W> {
 
 /// Connects, declares the topology (idempotent, so a restarted intake also repairs a
 /// deleted queue) and starts consuming.
-async fn connect(config: IntakeConfig) -> Result<(Link, lapin::Consumer), MqError> {
+async fn connect(
+    config: IntakeConfig,
+    ack_counts: Arc<AckCounts>,
+) -> Result<(Link, lapin::Consumer), MqError> {
     let connection = mq::connect(&config.amqp, &format!("seckill-{}", config.name)).await?;
     let channel = connection.create_channel().await?;
     declare_topology(&channel, &config.amqp).await?;
     channel
         .basic_qos(config.prefetch, BasicQosOptions::default())
         .await?;
+    // Held acks hold prefetch slots: past half the window they go out one by one.
+    let acks = Acks::start(
+        channel.clone(),
+        config.routes.queue.clone(),
+        usize::from(config.prefetch / 2),
+        ack_counts,
+    );
     let consumer_tag = format!("seckill-engine-{}", Uuid::now_v7());
     let consumer = channel
         .basic_consume(
@@ -360,6 +385,7 @@ async fn connect(config: IntakeConfig) -> Result<(Link, lapin::Consumer), MqErro
             channel,
             consumer_tag,
             publisher,
+            acks,
         },
         consumer,
     ))
@@ -370,7 +396,7 @@ impl<W: IntakeWork> Actor for Intake<W> {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.wait(
-            connect(self.config.clone())
+            connect(self.config.clone(), self.stats.acks.clone())
                 .into_actor(self)
                 .map(|result, intake, ctx| match result {
                     Ok((link, consumer)) => {
@@ -411,12 +437,14 @@ impl<W: IntakeWork> Handler<StopChild> for Intake<W> {
             let (channel, tag) = (link.channel.clone(), link.consumer_tag.clone());
             let connection = link.connection.clone();
             let confirms = link.publisher.channel().clone();
+            let acks = link.acks.clone();
             let (stats, grace) = (self.stats.clone(), self.config.grace);
             actix::spawn(async move {
                 let _ = channel
                     .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
                     .await;
                 stats.drained(grace).await;
+                acks.flush().await;
                 mq::close(&connection, &[&channel, &confirms]).await;
             });
         }
@@ -440,7 +468,12 @@ impl<W: IntakeWork> StreamHandler<Result<Delivery, lapin::Error>> for Intake<W> 
             // delivery leaves it unacked, so the broker redelivers it.
             return;
         };
-        let publisher = link.publisher.clone();
+        link.acks.delivered(delivery.delivery_tag);
+        let outlet = Outlet {
+            routes: self.config.routes.clone(),
+            publisher: link.publisher.clone(),
+            acks: link.acks.clone(),
+        };
         metrics::counter!("seckill_intake_messages_total", "kind" => W::KIND).increment(1);
         observe_age(W::KIND, &delivery.properties);
         let in_flight = self.stats.enter();
@@ -449,9 +482,8 @@ impl<W: IntakeWork> StreamHandler<Result<Delivery, lapin::Error>> for Intake<W> 
             Err(reason) => {
                 metrics::counter!("seckill_intake_decode_errors_total", "kind" => reason.kind)
                     .increment(1);
-                let routes = self.config.routes.clone();
                 actix::spawn(async move {
-                    dead_letter(&publisher, &routes, delivery, &reason, in_flight).await;
+                    dead_letter(&outlet, delivery, &reason, in_flight).await;
                 });
                 return;
             }
@@ -471,13 +503,7 @@ impl<W: IntakeWork> StreamHandler<Result<Delivery, lapin::Error>> for Intake<W> 
                         Ok(permit) => Some((intake.work.process(msg), permit)),
                         Err(_) => None,
                     };
-                    actix::spawn(settle(
-                        intake.config.routes.clone(),
-                        publisher,
-                        delivery,
-                        work,
-                        in_flight,
-                    ));
+                    actix::spawn(settle(outlet, delivery, work, in_flight));
                 }),
         );
     }
@@ -500,8 +526,7 @@ impl<W: IntakeWork> StreamHandler<Result<Delivery, lapin::Error>> for Intake<W> 
 
 /// Runs the work under its permit and settles the delivery from the result.
 async fn settle(
-    routes: IntakeRoutes,
-    publisher: ConfirmedPublisher,
+    outlet: Outlet,
     delivery: Delivery,
     work: Option<(
         LocalBoxFuture<'static, Result<&'static str, ErrorClass>>,
@@ -527,31 +552,26 @@ async fn settle(
             .message_id()
             .as_ref()
             .map(|id| id.to_string());
-        tracing::info!(queue = %routes.queue, message_id, "commit outcome unknown; the redelivery will resolve it");
+        tracing::info!(queue = %outlet.routes.queue, message_id, "commit outcome unknown; the redelivery will resolve it");
     }
     match disposition(result.as_ref()) {
         Disposition::Ack => {
             crate::failpoint!("after_commit_before_ack");
-            ack(&delivery, &routes, in_flight).await
+            ack(&outlet, &delivery, in_flight)
         }
-        Disposition::Retry { reason } => {
-            retry(&publisher, &routes, delivery, reason, in_flight).await
-        }
+        Disposition::Retry { reason } => retry(&outlet, delivery, reason, in_flight).await,
         Disposition::DeadLetter { reason } => {
             let reason = PoisonReason::new("processing_failed", reason);
-            dead_letter(&publisher, &routes, delivery, &reason, in_flight).await;
+            dead_letter(&outlet, delivery, &reason, in_flight).await;
         }
     }
 }
 
-/// Acks a delivery. The in-flight count drops just before the ack is sent, so it
-/// never exceeds what the broker counts as unacked.
-async fn ack(delivery: &Delivery, routes: &IntakeRoutes, in_flight: InFlight) {
+/// Hands a delivery's ack to the channel's ack task. The in-flight count drops first,
+/// so it never exceeds what the broker counts as unacked.
+fn ack(outlet: &Outlet, delivery: &Delivery, in_flight: InFlight) {
     drop(in_flight);
-    if let Err(e) = delivery.acker.ack(BasicAckOptions::default()).await {
-        // The effect is committed; the redelivery will be answered by the inbox.
-        tracing::warn!(queue = %routes.queue, error = %e, "ack failed; the message will be redelivered");
-    }
+    outlet.acks.ack(delivery.delivery_tag);
 }
 
 fn retries_of(delivery: &Delivery) -> u32 {
@@ -581,20 +601,15 @@ fn copy_properties(delivery: &Delivery, extra: &[(&str, AMQPValue)]) -> BasicPro
 /// Sends the message to the shard's retry queue (it comes back after the TTL), then
 /// acks the original. If the copy cannot be published, the original is requeued after
 /// the delay instead: never lost, never acked early.
-async fn retry(
-    publisher: &ConfirmedPublisher,
-    routes: &IntakeRoutes,
-    delivery: Delivery,
-    reason: &'static str,
-    in_flight: InFlight,
-) {
+async fn retry(outlet: &Outlet, delivery: Delivery, reason: &'static str, in_flight: InFlight) {
+    let routes = &outlet.routes;
     let retries = retries_of(&delivery);
     if retries >= routes.max_retries {
         let reason = PoisonReason::new(
             "retries_exhausted",
             format!("gave up after {retries} delayed retries; last reason: {reason}"),
         );
-        dead_letter(publisher, routes, delivery, &reason, in_flight).await;
+        dead_letter(outlet, delivery, &reason, in_flight).await;
         return;
     }
     metrics::counter!("seckill_order_retries_total", "reason" => reason).increment(1);
@@ -605,18 +620,19 @@ async fn retry(
             AMQPValue::LongLongInt(i64::from(retries) + 1),
         )],
     );
-    match publisher
+    match outlet
+        .publisher
         .publish("", &routes.retry_queue, &delivery.data, props)
         .await
     {
-        Ok(()) => ack(&delivery, routes, in_flight).await,
+        Ok(()) => ack(outlet, &delivery, in_flight),
         Err(e) => {
             // The broker would not take the copy; fall back to a requeue, after the
             // same delay, so a sick broker is not hammered.
             tracing::warn!(queue = %routes.queue, error = %e, reason, "could not schedule a retry; requeueing after the delay");
             tokio::time::sleep(routes.retry_delay).await;
             drop(in_flight);
-            if let Err(e) = delivery
+            match delivery
                 .acker
                 .nack(BasicNackOptions {
                     requeue: true,
@@ -624,7 +640,11 @@ async fn retry(
                 })
                 .await
             {
-                tracing::warn!(queue = %routes.queue, error = %e, "nack failed; the message will be redelivered");
+                Ok(_) => outlet.acks.released(delivery.delivery_tag),
+                // Still unsettled for the ack task, so no `multiple` ack covers it.
+                Err(e) => {
+                    tracing::warn!(queue = %routes.queue, error = %e, "nack failed; the message will be redelivered")
+                }
             }
         }
     }
@@ -634,12 +654,12 @@ async fn retry(
 /// that publish fails, rejects it without requeue so the queue's dead-letter exchange
 /// still moves it to the DLQ (without our reason header, which the log line carries).
 async fn dead_letter(
-    publisher: &ConfirmedPublisher,
-    routes: &IntakeRoutes,
+    outlet: &Outlet,
     delivery: Delivery,
     reason: &PoisonReason,
     in_flight: InFlight,
 ) {
+    let routes = &outlet.routes;
     let message_id = delivery
         .properties
         .message_id()
@@ -668,20 +688,25 @@ async fn dead_letter(
             (DEAD_AT_HEADER, AMQPValue::LongLongInt(mq::unix_millis())),
         ],
     );
-    match publisher
+    match outlet
+        .publisher
         .publish("", &routes.dead_queue, &delivery.data, props)
         .await
     {
-        Ok(()) => ack(&delivery, routes, in_flight).await,
+        Ok(()) => ack(outlet, &delivery, in_flight),
         Err(e) => {
             tracing::warn!(queue = %routes.queue, error = %e, "dead-letter publish failed; rejecting to the queue's dead-letter exchange");
             drop(in_flight);
-            if let Err(e) = delivery
+            match delivery
                 .acker
                 .reject(BasicRejectOptions { requeue: false })
                 .await
             {
-                tracing::warn!(queue = %routes.queue, error = %e, "reject failed; the message will be redelivered");
+                Ok(_) => outlet.acks.released(delivery.delivery_tag),
+                // Still unsettled for the ack task, so no `multiple` ack covers it.
+                Err(e) => {
+                    tracing::warn!(queue = %routes.queue, error = %e, "reject failed; the message will be redelivered")
+                }
             }
         }
     }

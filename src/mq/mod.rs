@@ -1,6 +1,7 @@
 //! RabbitMQ: connections, the topology the engine declares, and a publisher that waits
 //! for broker confirms.
 
+pub mod acks;
 pub mod dead_letters;
 pub mod publisher;
 pub mod topology;

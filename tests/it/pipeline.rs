@@ -659,7 +659,15 @@ async fn group_commit_in_the_engine_keeps_every_promise_and_isolates_a_bad_messa
         .await,
         "every copy settles"
     );
+    let stats = engine.stats.clone();
     engine.stop().await;
+    // Deliveries settled together leave as one `multiple` ack.
+    let (acked, frames) = (stats.acks().messages(), stats.acks().frames());
+    assert!(acked >= msgs.len() as u64, "{acked} acked");
+    assert!(
+        frames * 4 <= acked,
+        "{frames} ack frames for {acked} deliveries: acks were not merged"
+    );
     let dead = drain_dead_letters(&env, &channel).await;
     assert!(
         dead.iter()
