@@ -468,7 +468,6 @@ impl<W: IntakeWork> StreamHandler<Result<Delivery, lapin::Error>> for Intake<W> 
             // delivery leaves it unacked, so the broker redelivers it.
             return;
         };
-        link.acks.delivered(delivery.delivery_tag);
         let outlet = Outlet {
             routes: self.config.routes.clone(),
             publisher: link.publisher.clone(),

@@ -1,13 +1,16 @@
 //! Acks of one consumer channel, sent as few `basic.ack` frames as correctness allows.
 //!
 //! A settled delivery's ack is handed here instead of being sent on its own. One task
-//! per channel sends, in order, a single `multiple` ack for every settled delivery
-//! below the lowest tag still unsettled. A `multiple` ack settles *every* outstanding
-//! tag up to its own, so it may never cover a delivery still being worked on, nor one
-//! whose nack or reject has not gone out yet: those stay in the unsettled set until
-//! their owner reports them released, after its frame was sent. Acks waiting behind a
-//! slow delivery count against the prefetch window; past `hold_limit` of them they go
-//! out one by one, so a slow message never stalls the consumer.
+//! per channel sends the frames, in order. A `multiple` ack settles *every*
+//! outstanding tag up to its own, so it is sent only over a run of tags known to be
+//! settled: delivery tags of a channel are dense (1, 2, 3, ...), and the run starts
+//! right after the last tag already settled and stops at the first tag that is not,
+//! whether it is still being worked on, being nacked, or was never handed to the
+//! intake at all (a cancelled consumer's buffered deliveries can arrive after a newer
+//! consumer's). A nacked or rejected delivery counts as settled only once its owner
+//! reports it released, after its frame was sent. Acks waiting behind an unsettled
+//! tag hold prefetch slots: past `hold_limit` of them they go out one by one, so a
+//! slow message never stalls the consumer.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -48,69 +51,109 @@ pub(crate) struct AckFrame {
 /// a model of the broker.
 #[derive(Debug)]
 pub(crate) struct AckPlan {
-    /// Delivered, and neither acked nor released yet.
-    unsettled: BTreeSet<u64>,
-    /// Settled as acks, not sent yet.
+    /// Every tag up to this one is settled with the broker, or covered by a frame
+    /// already sent.
+    frontier: u64,
+    /// Acked by their owners, not sent yet.
     ready: BTreeSet<u64>,
+    /// Above the frontier and already settled by a frame of their own (a nack, a
+    /// reject, or an ack sent alone).
+    done: BTreeSet<u64>,
     hold_limit: usize,
+    /// Set once `done` outgrew its bound: a tag that never settles (it never reached
+    /// the intake, or its nack failed) keeps the frontier from moving, so from then on
+    /// every ack goes out alone and nothing is kept.
+    unmerged: bool,
 }
 
 impl AckPlan {
     pub fn new(hold_limit: usize) -> Self {
         Self {
-            unsettled: BTreeSet::new(),
+            frontier: 0,
             ready: BTreeSet::new(),
+            done: BTreeSet::new(),
             hold_limit,
+            unmerged: false,
         }
     }
 
-    pub fn delivered(&mut self, tag: u64) {
-        self.unsettled.insert(tag);
-    }
-
+    /// The delivery's effect is committed.
     pub fn acked(&mut self, tag: u64) {
-        if self.unsettled.remove(&tag) {
+        if tag > self.frontier {
             self.ready.insert(tag);
         }
     }
 
     /// The delivery was nacked or rejected, and that frame has been sent.
     pub fn released(&mut self, tag: u64) {
-        self.unsettled.remove(&tag);
+        if tag > self.frontier && !self.unmerged {
+            self.done.insert(tag);
+        }
+    }
+
+    /// Whether acks stopped being merged on this channel.
+    pub fn unmerged(&self) -> bool {
+        self.unmerged
     }
 
     /// Takes the frames to send now, in the order they must be sent.
     pub fn frames(&mut self) -> Vec<AckFrame> {
+        if self.unmerged {
+            return self.held();
+        }
         let mut frames = Vec::new();
-        let held = match self.unsettled.first() {
-            Some(&low) => self.ready.split_off(&low),
-            None => BTreeSet::new(),
-        };
-        let below = std::mem::replace(&mut self.ready, held);
-        if let Some(&tag) = below.last() {
+        let (mut top, mut messages) = (None, 0);
+        loop {
+            let next = self.frontier + 1;
+            if self.ready.remove(&next) {
+                top = Some(next);
+                messages += 1;
+            } else if !self.done.remove(&next) {
+                break;
+            }
+            self.frontier = next;
+        }
+        if let Some(tag) = top {
             frames.push(AckFrame {
                 tag,
-                multiple: below.len() > 1,
-                messages: below.len(),
+                multiple: messages > 1,
+                messages,
             });
         }
         if self.ready.len() > self.hold_limit {
-            frames.extend(
-                std::mem::take(&mut self.ready)
-                    .into_iter()
-                    .map(|tag| AckFrame {
-                        tag,
-                        multiple: false,
-                        messages: 1,
-                    }),
-            );
+            frames.extend(self.held());
+        }
+        // Each entry of `done` is a settled tag above one that is not; a handful is
+        // normal (a nack in flight), thousands mean the gap will not close.
+        if self.done.len() > DONE_BOUND.max(4 * self.hold_limit) {
+            self.unmerged = true;
+            self.done.clear();
         }
         frames
     }
+
+    /// Every ready ack as a frame of its own, which may go out whatever is unsettled
+    /// below it.
+    pub fn held(&mut self) -> Vec<AckFrame> {
+        let ready = std::mem::take(&mut self.ready);
+        if !self.unmerged {
+            self.done.extend(&ready);
+        }
+        ready
+            .into_iter()
+            .map(|tag| AckFrame {
+                tag,
+                multiple: false,
+                messages: 1,
+            })
+            .collect()
+    }
 }
 
+/// Settled tags kept above an unsettled one before merging is given up.
+const DONE_BOUND: usize = 4096;
+
 enum Event {
-    Delivered(u64),
     Acked(u64),
     Released(u64),
     Flush(oneshot::Sender<()>),
@@ -120,8 +163,8 @@ enum Event {
 /// is dropped.
 #[derive(Clone)]
 pub struct Acks {
-    // Unbounded, yet bounded by the prefetch window: at most two events per delivery
-    // the broker let us have.
+    // Unbounded, yet bounded by the prefetch window: one event per delivery the
+    // broker let us have, plus a flush when stopping.
     events: mpsc::UnboundedSender<Event>,
 }
 
@@ -144,24 +187,18 @@ impl Acks {
         Self { events }
     }
 
-    /// Must be called for every delivery of the channel before it is settled: a
-    /// delivery not registered here could be acked by a `multiple` ack.
-    pub fn delivered(&self, tag: u64) {
-        let _ = self.events.send(Event::Delivered(tag));
-    }
-
     /// The delivery's effect is committed: ack it.
     pub fn ack(&self, tag: u64) {
         let _ = self.events.send(Event::Acked(tag));
     }
 
-    /// The delivery was nacked or rejected (its frame already sent).
+    /// The delivery was nacked or rejected: its frame is out (or its channel gone).
     pub fn released(&self, tag: u64) {
         let _ = self.events.send(Event::Released(tag));
     }
 
-    /// Waits until every ack handed over before this call that can go out has been
-    /// sent.
+    /// Sends every ack handed over before this call, alone if it cannot be merged,
+    /// and waits until they are out: for stopping, when nothing more will settle.
     pub async fn flush(&self) {
         let (done, sent) = oneshot::channel();
         if self.events.send(Event::Flush(done)).is_ok() {
@@ -183,16 +220,23 @@ async fn run(
         let mut next = Some(event);
         while let Some(event) = next {
             match event {
-                Event::Delivered(tag) => plan.delivered(tag),
                 Event::Acked(tag) => plan.acked(tag),
                 Event::Released(tag) => plan.released(tag),
                 Event::Flush(done) => flushed.push(done),
             }
             next = events.try_recv().ok();
         }
+        let was_unmerged = plan.unmerged();
+        let mut frames = plan.frames();
+        if !flushed.is_empty() {
+            frames.extend(plan.held());
+        }
+        if plan.unmerged() && !was_unmerged {
+            tracing::warn!(%queue, "a delivery tag never settled; acks on this channel are no longer merged");
+        }
         // One at a time, in order: a later `multiple` ack overtaking an earlier frame
         // would make that frame's tag unknown to the broker, which closes the channel.
-        for frame in plan.frames() {
+        for frame in frames {
             let options = BasicAckOptions {
                 multiple: frame.multiple,
             };
@@ -221,7 +265,8 @@ mod tests {
     use super::*;
     use proptest::prelude::*;
 
-    /// What the broker holds unacked, and what a frame does to it.
+    /// The deliveries the broker holds unacked on the channel, and what a frame does
+    /// to them.
     #[derive(Default)]
     struct Broker {
         unacked: BTreeSet<u64>,
@@ -246,10 +291,90 @@ mod tests {
         }
     }
 
+    /// The broker, the deliveries' owners, and what the owners asked for.
+    struct Model {
+        plan: AckPlan,
+        broker: Broker,
+        next_tag: u64,
+        /// Handed to the intake, not settled yet.
+        open: Vec<u64>,
+        /// Delivered by the broker, never handed to the intake.
+        lost: BTreeSet<u64>,
+        to_ack: BTreeSet<u64>,
+        acked: BTreeSet<u64>,
+    }
+
+    impl Model {
+        fn new(hold_limit: usize) -> Self {
+            Self {
+                plan: AckPlan::new(hold_limit),
+                broker: Broker::default(),
+                next_tag: 1,
+                open: Vec::new(),
+                lost: BTreeSet::new(),
+                to_ack: BTreeSet::new(),
+                acked: BTreeSet::new(),
+            }
+        }
+
+        fn deliver(&mut self, lost: bool) -> u64 {
+            let tag = self.next_tag;
+            self.next_tag += 1;
+            self.broker.unacked.insert(tag);
+            if lost {
+                self.lost.insert(tag);
+            } else {
+                self.open.push(tag);
+            }
+            tag
+        }
+
+        fn ack(&mut self, tag: u64) {
+            self.open.retain(|t| *t != tag);
+            self.to_ack.insert(tag);
+            self.plan.acked(tag);
+        }
+
+        fn release(&mut self, tag: u64) {
+            // The nack goes out before the release is reported.
+            self.open.retain(|t| *t != tag);
+            self.broker.unacked.remove(&tag);
+            self.plan.released(tag);
+        }
+
+        /// Sends the frames to the broker, checking each acks only deliveries their
+        /// owners acked, each once.
+        fn send(&mut self, frames: Vec<AckFrame>) -> Result<(), TestCaseError> {
+            for frame in frames {
+                let tags = self.broker.apply(frame).map_err(TestCaseError::fail)?;
+                prop_assert_eq!(tags.len(), frame.messages);
+                for tag in tags {
+                    prop_assert!(
+                        self.to_ack.contains(&tag),
+                        "frame {:?} acked {} which its owner did not ack",
+                        frame,
+                        tag
+                    );
+                    prop_assert!(self.acked.insert(tag));
+                }
+            }
+            prop_assert!(self.plan.ready.len() <= self.plan.hold_limit);
+            Ok(())
+        }
+
+        fn send_now(&mut self) -> Result<(), TestCaseError> {
+            let frames = self.plan.frames();
+            self.send(frames)
+        }
+    }
+
     #[derive(Debug, Clone)]
     enum Step {
         Deliver,
-        /// Settle the n-th unsettled delivery (modulo their count).
+        /// A delivery the intake never sees.
+        Lose,
+        /// Settle the n-th open delivery (modulo their count): any order, as when a
+        /// cancelled consumer's buffered deliveries run after a newer consumer's.
         Ack(usize),
         Release(usize),
         Send,
@@ -257,107 +382,80 @@ mod tests {
 
     fn step() -> impl Strategy<Value = Step> {
         prop_oneof![
-            3 => Just(Step::Deliver),
-            3 => any::<usize>().prop_map(Step::Ack),
-            1 => any::<usize>().prop_map(Step::Release),
-            2 => Just(Step::Send),
+            6 => Just(Step::Deliver),
+            1 => Just(Step::Lose),
+            6 => any::<usize>().prop_map(Step::Ack),
+            2 => any::<usize>().prop_map(Step::Release),
+            4 => Just(Step::Send),
         ]
     }
 
-    /// Sends what the plan gives to the broker, checking each frame acks only what its
-    /// owners acked, and each of those once.
-    fn send(
-        plan: &mut AckPlan,
-        broker: &mut Broker,
-        to_ack: &BTreeSet<u64>,
-        acked: &mut BTreeSet<u64>,
-    ) -> Result<(), TestCaseError> {
-        for frame in plan.frames() {
-            let tags = broker.apply(frame).map_err(TestCaseError::fail)?;
-            prop_assert_eq!(tags.len(), frame.messages);
-            for tag in tags {
-                prop_assert!(
-                    to_ack.contains(&tag),
-                    "frame {:?} acked {} which was not settled as an ack",
-                    frame,
-                    tag
-                );
-                prop_assert!(acked.insert(tag));
-            }
-        }
-        Ok(())
-    }
-
     proptest! {
-        /// Whatever the order deliveries settle in, no frame names a tag the broker
-        /// does not hold, no frame acks a delivery that was not acked by its owner,
-        /// and once all are settled every ack has gone out.
+        /// Whatever the order deliveries settle in, and even when some never reach
+        /// the intake, no frame names a tag the broker does not hold, no frame acks a
+        /// delivery its owner did not ack, no more than `hold_limit` acks wait, and
+        /// after the stopping flush every ack has gone out.
         #[test]
-        fn frames_ack_exactly_the_settled_acks(
-            steps in proptest::collection::vec(step(), 1..300),
+        fn frames_ack_exactly_what_the_owners_acked(
+            steps in proptest::collection::vec(step(), 1..400),
             hold_limit in 0usize..8,
         ) {
-            let mut plan = AckPlan::new(hold_limit);
-            let mut broker = Broker::default();
-            let mut next_tag = 1u64;
-            let mut open: Vec<u64> = Vec::new();
-            let mut to_ack = BTreeSet::new();
-            let mut acked = BTreeSet::new();
+            let mut m = Model::new(hold_limit);
             for step in steps {
                 match step {
-                    Step::Deliver => {
-                        broker.unacked.insert(next_tag);
-                        plan.delivered(next_tag);
-                        open.push(next_tag);
-                        next_tag += 1;
-                    }
-                    Step::Ack(n) if !open.is_empty() => {
-                        let tag = open.remove(n % open.len());
-                        to_ack.insert(tag);
-                        plan.acked(tag);
-                    }
-                    Step::Release(n) if !open.is_empty() => {
-                        // The nack goes out before the release is reported.
-                        let tag = open.remove(n % open.len());
-                        broker.unacked.remove(&tag);
-                        plan.released(tag);
-                    }
-                    Step::Send => send(&mut plan, &mut broker, &to_ack, &mut acked)?,
+                    Step::Deliver => { m.deliver(false); }
+                    Step::Lose => { m.deliver(true); }
+                    Step::Ack(n) if !m.open.is_empty() => m.ack(m.open[n % m.open.len()]),
+                    Step::Release(n) if !m.open.is_empty() => m.release(m.open[n % m.open.len()]),
+                    Step::Send => m.send_now()?,
                     _ => {}
                 }
             }
-            for tag in std::mem::take(&mut open) {
-                to_ack.insert(tag);
-                plan.acked(tag);
+            for tag in m.open.clone() {
+                m.ack(tag);
             }
-            send(&mut plan, &mut broker, &to_ack, &mut acked)?;
-            prop_assert!(broker.unacked.is_empty(), "left unacked: {:?}", broker.unacked);
-            prop_assert_eq!(acked, to_ack);
+            m.send_now()?;
+            let held = m.plan.held();
+            m.send(held)?;
+            prop_assert_eq!(&m.broker.unacked, &m.lost);
+            prop_assert_eq!(&m.acked, &m.to_ack);
         }
     }
 
     #[test]
     fn contiguous_acks_go_out_as_one_frame_and_a_gap_holds_the_rest() {
         let mut plan = AckPlan::new(8);
-        for tag in 1..=6 {
-            plan.delivered(tag);
-        }
         for tag in [1, 2, 3, 5, 6] {
             plan.acked(tag);
         }
-        assert_eq!(
-            plan.frames(),
-            vec![AckFrame {
-                tag: 3,
-                multiple: true,
-                messages: 3
-            }]
-        );
+        let first = AckFrame {
+            tag: 3,
+            multiple: true,
+            messages: 3,
+        };
+        assert_eq!(plan.frames(), vec![first]);
         plan.acked(4);
+        let second = AckFrame {
+            tag: 6,
+            multiple: true,
+            messages: 3,
+        };
+        assert_eq!(plan.frames(), vec![second]);
+    }
+
+    #[test]
+    fn a_tag_settled_later_never_lets_a_multiple_ack_pass_it() {
+        // 7 is delivered but reaches the intake only after 8 and 9 settled.
+        let mut plan = AckPlan::new(8);
+        for tag in [1, 2, 3, 4, 5, 6, 8, 9] {
+            plan.acked(tag);
+        }
+        assert_eq!(plan.frames().iter().map(|f| f.tag).max(), Some(6));
+        plan.acked(7);
         assert_eq!(
             plan.frames(),
             vec![AckFrame {
-                tag: 6,
+                tag: 9,
                 multiple: true,
                 messages: 3
             }]
@@ -367,9 +465,6 @@ mod tests {
     #[test]
     fn acks_held_past_the_limit_go_out_one_by_one() {
         let mut plan = AckPlan::new(2);
-        for tag in 1..=4 {
-            plan.delivered(tag);
-        }
         for tag in [2, 3] {
             plan.acked(tag);
         }
@@ -378,5 +473,20 @@ mod tests {
         let frames = plan.frames();
         assert_eq!(frames.iter().map(|f| f.tag).collect::<Vec<_>>(), [2, 3, 4]);
         assert!(frames.iter().all(|f| !f.multiple));
+    }
+
+    #[test]
+    fn a_tag_that_never_settles_ends_merging_without_growing_memory() {
+        let mut m = Model::new(2);
+        m.deliver(true);
+        for _ in 0..3 * DONE_BOUND {
+            let tag = m.deliver(false);
+            m.ack(tag);
+            m.send_now().unwrap();
+            assert!(m.plan.done.len() <= DONE_BOUND + 1);
+        }
+        assert!(m.plan.unmerged());
+        assert!(m.plan.done.is_empty());
+        assert_eq!(m.broker.unacked, m.lost);
     }
 }
