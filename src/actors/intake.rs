@@ -6,6 +6,7 @@
 //! Nothing is acked before its effect (or its recorded rejection) is committed. Acks
 //! go through the channel's `Acks` task, which merges contiguous ones into one frame.
 
+use std::rc::Rc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
@@ -242,12 +243,11 @@ struct Link {
     connection: Arc<lapin::Connection>,
     channel: Channel,
     consumer_tag: String,
-    publisher: ConfirmedPublisher,
-    acks: Acks,
+    /// Built once per connection and shared by every delivery's task.
+    outlet: Rc<Outlet>,
 }
 
 /// Where a delivery goes once its outcome is known.
-#[derive(Clone)]
 struct Outlet {
     routes: IntakeRoutes,
     publisher: ConfirmedPublisher,
@@ -384,8 +384,11 @@ async fn connect(
             connection: Arc::new(connection),
             channel,
             consumer_tag,
-            publisher,
-            acks,
+            outlet: Rc::new(Outlet {
+                routes: config.routes,
+                publisher,
+                acks,
+            }),
         },
         consumer,
     ))
@@ -436,8 +439,8 @@ impl<W: IntakeWork> Handler<StopChild> for Intake<W> {
         if let Some(link) = &self.link {
             let (channel, tag) = (link.channel.clone(), link.consumer_tag.clone());
             let connection = link.connection.clone();
-            let confirms = link.publisher.channel().clone();
-            let acks = link.acks.clone();
+            let confirms = link.outlet.publisher.channel().clone();
+            let acks = link.outlet.acks.clone();
             let (stats, grace) = (self.stats.clone(), self.config.grace);
             actix::spawn(async move {
                 let _ = channel
@@ -468,11 +471,7 @@ impl<W: IntakeWork> StreamHandler<Result<Delivery, lapin::Error>> for Intake<W> 
             // delivery leaves it unacked, so the broker redelivers it.
             return;
         };
-        let outlet = Outlet {
-            routes: self.config.routes.clone(),
-            publisher: link.publisher.clone(),
-            acks: link.acks.clone(),
-        };
+        let outlet = link.outlet.clone();
         metrics::counter!("seckill_intake_messages_total", "kind" => W::KIND).increment(1);
         observe_age(W::KIND, &delivery.properties);
         let in_flight = self.stats.enter();
@@ -525,7 +524,7 @@ impl<W: IntakeWork> StreamHandler<Result<Delivery, lapin::Error>> for Intake<W> 
 
 /// Runs the work under its permit and settles the delivery from the result.
 async fn settle(
-    outlet: Outlet,
+    outlet: Rc<Outlet>,
     delivery: Delivery,
     work: Option<(
         LocalBoxFuture<'static, Result<&'static str, ErrorClass>>,
