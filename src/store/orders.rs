@@ -843,8 +843,19 @@ FROM sku_inventory AS i
 JOIN seckill_sku AS s ON s.activity_id = i.activity_id AND s.sku_id = i.sku_id
 WHERE i.activity_id = $1 AND i.sku_id = $2 AND i.bucket_no = $3";
 
-const SET_TIMEOUTS: &str =
-    "SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true)";
+/// The transaction's timeouts (seed §9.11), and its planner settings. A prepared
+/// statement runs on a generic plan from its sixth execution on, planned for the
+/// table as it was then: on a sale's fresh tables that is a few pages, where hashing
+/// the batch against a sequential scan is cheapest, and the plan stays until
+/// autovacuum analyzes the table, up to a minute later, while every batch scans a
+/// table that grows by thousands of rows a second. The order transaction touches at
+/// most a batch of rows, each by key, so it rules out sequential scans and hash and
+/// merge joins: a batch joins its array to a table by probing a unique index, at any
+/// table size (docs/BENCHMARKS.md).
+const SET_TIMEOUTS: &str = "
+SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true),
+       set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),
+       set_config('enable_mergejoin', 'off', true)";
 
 const INSERT_INBOX: &str = "
 INSERT INTO consumer_inbox (
