@@ -81,6 +81,11 @@ pub struct BenchArgs {
     /// (latency at a given load rather than behind a backlog).
     #[arg(long)]
     pub rate: Option<u32>,
+    /// The engine's Prometheus endpoint, read before and after the run for the
+    /// reservation → commit latency (default: http://{admin.addr}/metrics). With
+    /// several engines, only the one it names is counted.
+    #[arg(long)]
+    pub metrics_url: Option<String>,
     /// pgbench clients for the baseline (default: the pool size, the most
     /// transactions the engine runs at once).
     #[arg(long)]
@@ -108,6 +113,9 @@ pub struct Report {
     pub settle_seconds: f64,
     pub orders_per_second: f64,
     pub latency_ms: Latency,
+    /// Reservation → COMMIT, from the engine's histogram; None if it could not be
+    /// read.
+    pub commit_latency_ms: Option<CommitLatency>,
     pub responses: BTreeMap<String, u64>,
     pub outcomes: BTreeMap<String, i64>,
     pub checks: BTreeMap<String, i64>,
@@ -130,10 +138,22 @@ pub struct Baseline {
     pub engine_ratio: f64,
 }
 
+/// The engine's `seckill_order_commit_latency_seconds` over the run (the difference
+/// of two scrapes): percentiles interpolated within its buckets, and the exact share
+/// of messages committed within 50 ms (a bucket bound).
+#[derive(Debug, Serialize)]
+pub struct CommitLatency {
+    pub messages: u64,
+    pub p50: f64,
+    pub p95: f64,
+    pub p99: f64,
+    pub within_50ms: f64,
+}
+
 #[derive(Debug, Serialize)]
 pub struct Latency {
     /// From the reservation (HTTP) or the publish (amqp) to the order row written in
-    /// the committing transaction.
+    /// the committing transaction (its INSERT's statement time, before the COMMIT).
     pub p50: f64,
     pub p95: f64,
     pub p99: f64,
@@ -192,6 +212,11 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
         args.stock, args.buckets, args.buyers, args.duplicate_ratio * 100.0, args.mode, args.concurrency
     );
 
+    let metrics_url = args
+        .metrics_url
+        .clone()
+        .unwrap_or_else(|| format!("http://{}/metrics", settings.admin.addr));
+    let commit_before = commit_histogram(&metrics_url).await;
     let started = Instant::now();
     let start_time = Utc::now();
     let (responses, expected) = match args.mode {
@@ -226,6 +251,13 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
     }
     spinner.finish_and_clear();
     let settle_seconds = started.elapsed().as_secs_f64();
+    let commit_latency = match (commit_before, commit_histogram(&metrics_url).await) {
+        (Ok(before), Ok(after)) => commit_latency(&before, &after),
+        (Err(e), _) | (_, Err(e)) => {
+            println!("bench: no reservation → commit latency ({metrics_url}: {e:#})");
+            None
+        }
+    };
 
     let stats = db.query_one(STATS, &[&activity_id, &start_time]).await?;
     let sold: i64 = stats.get(0);
@@ -260,6 +292,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
             p99: lat[2].unwrap_or(0.0),
             max: lat[3].unwrap_or(0.0),
         },
+        commit_latency_ms: commit_latency,
         responses,
         outcomes,
         checks: checks_run
@@ -291,6 +324,87 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
             .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(report)
+}
+
+/// The cumulative buckets (upper bound in seconds, count) of the engine's
+/// reservation → commit histogram.
+async fn commit_histogram(url: &str) -> anyhow::Result<Vec<(f64, u64)>> {
+    let client = awc::Client::builder()
+        .timeout(Duration::from_secs(5))
+        .finish();
+    let mut res = client
+        .get(url)
+        .send()
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    let body = res
+        .body()
+        .limit(16 << 20)
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    Ok(parse_buckets(
+        &String::from_utf8_lossy(&body),
+        crate::actors::bucket::COMMIT_LATENCY,
+    ))
+}
+
+/// `NAME_bucket{le="X"} N` lines of a Prometheus text page; a histogram never
+/// recorded has none.
+fn parse_buckets(page: &str, name: &str) -> Vec<(f64, u64)> {
+    let prefix = format!("{name}_bucket{{le=\"");
+    let mut buckets: Vec<(f64, u64)> = page
+        .lines()
+        .filter_map(|line| {
+            let (le, count) = line.strip_prefix(&prefix)?.split_once("\"} ")?;
+            let le = if le == "+Inf" {
+                f64::INFINITY
+            } else {
+                le.parse().ok()?
+            };
+            Some((le, count.trim().parse().ok()?))
+        })
+        .collect();
+    buckets.sort_by(|a, b| a.0.total_cmp(&b.0));
+    buckets
+}
+
+/// The run's share of the histogram: `after` minus `before`, bucket by bucket.
+fn commit_latency(before: &[(f64, u64)], after: &[(f64, u64)]) -> Option<CommitLatency> {
+    let run: Vec<(f64, u64)> = after
+        .iter()
+        .map(|&(le, n)| {
+            let earlier = before.iter().find(|b| b.0 == le).map_or(0, |b| b.1);
+            (le, n.saturating_sub(earlier))
+        })
+        .collect();
+    let total = run.last()?.1;
+    if total == 0 {
+        return None;
+    }
+    // Linear within the bucket the rank falls in, from the bound below it.
+    let quantile = |q: f64| {
+        let rank = q * total as f64;
+        let (mut lower, mut below) = (0.0, 0u64);
+        for &(le, n) in &run {
+            if n as f64 >= rank {
+                if le.is_infinite() {
+                    return lower * 1000.0;
+                }
+                let share = (rank - below as f64) / (n - below).max(1) as f64;
+                return (lower + (le - lower) * share) * 1000.0;
+            }
+            (lower, below) = (le, n);
+        }
+        lower * 1000.0
+    };
+    let within = run.iter().find(|b| b.0 == 0.05).map(|b| b.1)?;
+    Some(CommitLatency {
+        messages: total,
+        p50: quantile(0.50),
+        p95: quantile(0.95),
+        p99: quantile(0.99),
+        within_50ms: within as f64 / total as f64,
+    })
 }
 
 /// Runs `bench/pgbench/run` against the engine's PostgreSQL server: (batch,
@@ -526,6 +640,12 @@ fn print_report(r: &Report) {
         "  latency ms         p50 {:.1}  p95 {:.1}  p99 {:.1}  max {:.1}",
         r.latency_ms.p50, r.latency_ms.p95, r.latency_ms.p99, r.latency_ms.max
     );
+    if let Some(c) = &r.commit_latency_ms {
+        println!(
+            "  reservation → commit ms  p50 {:.1}  p95 {:.1}  p99 {:.1}  within 50 ms {:.2} %  ({} messages, engine histogram)",
+            c.p50, c.p95, c.p99, c.within_50ms * 100.0, c.messages
+        );
+    }
     println!(
         "  drive {:.2} s, all settled after {:.2} s",
         r.drive_seconds, r.settle_seconds
@@ -569,3 +689,42 @@ FROM consumer_inbox AS c
 JOIN inventory_reservation AS r ON r.reservation_id = c.reservation_id
 WHERE r.activity_id = $1
 GROUP BY c.result_code";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const PAGE: &str = r#"# TYPE x_seconds histogram
+x_seconds_bucket{le="0.01"} 10
+x_seconds_bucket{le="0.05"} 90
+x_seconds_bucket{le="0.1"} 100
+x_seconds_bucket{le="+Inf"} 100
+x_seconds_sum 3.2
+x_seconds_count 100
+y_seconds_bucket{le="0.01"} 7
+"#;
+
+    #[test]
+    fn buckets_are_read_for_the_named_histogram_only() {
+        assert_eq!(
+            parse_buckets(PAGE, "x_seconds"),
+            vec![(0.01, 10), (0.05, 90), (0.1, 100), (f64::INFINITY, 100)]
+        );
+        assert!(parse_buckets(PAGE, "z_seconds").is_empty());
+    }
+
+    #[test]
+    fn the_run_is_the_difference_of_two_scrapes() {
+        let before = [(0.01, 5), (0.05, 5), (0.1, 5), (f64::INFINITY, 5)];
+        let after = parse_buckets(PAGE, "x_seconds");
+        let c = commit_latency(&before, &after).expect("a run with messages");
+        assert_eq!(c.messages, 95);
+        // 85 of the run's 95 messages are within 50 ms.
+        assert!((c.within_50ms - 85.0 / 95.0).abs() < 1e-9);
+        // p50: rank 47.5 falls in (10 ms, 50 ms], 42.5 of its 80 → 31.25 ms.
+        assert!((c.p50 - 31.25).abs() < 1e-9, "p50 {}", c.p50);
+        // p99: rank 94.05 falls in (50 ms, 100 ms], 9.05 of its 10.
+        assert!((c.p99 - 95.25).abs() < 1e-9, "p99 {}", c.p99);
+        assert!(commit_latency(&after, &after).is_none());
+    }
+}

@@ -28,6 +28,13 @@ const SECONDS_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
+/// Buckets of `seckill_order_commit_latency_seconds`: fine around the tens of
+/// milliseconds a flash sale's latency objective sits in.
+const COMMIT_LATENCY_BUCKETS: &[f64] = &[
+    0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
+    2.5, 5.0, 10.0, 30.0,
+];
+
 static METRICS: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
 /// Installs the process-wide Prometheus recorder (once) and returns its handle;
@@ -37,6 +44,11 @@ pub fn metrics() -> Option<&'static PrometheusHandle> {
         .get_or_init(|| {
             let builder = PrometheusBuilder::new()
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
+                .ok()?
+                .set_buckets_for_metric(
+                    Matcher::Full(crate::actors::bucket::COMMIT_LATENCY.into()),
+                    COMMIT_LATENCY_BUCKETS,
+                )
                 .ok()?;
             let handle = builder.install_recorder().ok()?;
             metrics::gauge!("seckill_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
