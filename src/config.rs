@@ -80,6 +80,8 @@ pub struct FrontstageSettings {
 pub struct OutboxSettings {
     pub interval_ms: u64,
     pub batch_size: u32,
+    pub busy_interval_ms: u64,
+    pub max_lag_ms: u64,
     pub lease_ms: u64,
     pub backoff_base_ms: u64,
     pub backoff_max_ms: u64,

@@ -18,7 +18,7 @@ use crate::actors::intake::{
     Intake, IntakeConfig, IntakeRoutes, IntakeStats, IntakeWork, OrderWork, PaymentWork,
 };
 use crate::actors::maintenance::{Maintenance, Service};
-use crate::actors::outbox_publisher::{OutboxConfig, OutboxPublisher};
+use crate::actors::outbox_publisher::{OrderLoad, OutboxConfig, OutboxPublisher};
 use crate::actors::readiness::{Readiness, ReadinessMonitor};
 use crate::actors::reconciler::Reconciler;
 use crate::actors::registry::Registry;
@@ -96,18 +96,19 @@ impl Engine {
 
         let stats = Arc::new(IntakeStats::default());
         let readiness = Arc::new(Readiness::default());
-        let mut supervisor = background_services(settings, &pool).child(ReadinessMonitor::NAME, {
-            let (pool, redis, readiness) =
-                (pool.clone(), settings.redis.clone(), readiness.clone());
-            child(move || {
-                ReadinessMonitor::new(
-                    pool.clone(),
-                    redis.clone(),
-                    readiness.clone(),
-                    Duration::from_secs(1),
-                )
-            })
-        });
+        let mut supervisor =
+            background_services(settings, &pool, stats.clone()).child(ReadinessMonitor::NAME, {
+                let (pool, redis, readiness) =
+                    (pool.clone(), settings.redis.clone(), readiness.clone());
+                child(move || {
+                    ReadinessMonitor::new(
+                        pool.clone(),
+                        redis.clone(),
+                        readiness.clone(),
+                        Duration::from_secs(1),
+                    )
+                })
+            });
         let intake = IntakeStarter {
             settings,
             permits: &permits,
@@ -254,12 +255,24 @@ impl IntakeStarter<'_> {
 
 /// The supervisor with the outbox publisher, the sweeper, the compensation worker,
 /// the reconciler of Redis reservations and the gauge sampler.
-pub fn background_services(settings: &Settings, pool: &Pool) -> Supervisor {
+/// The outbox publisher yields to the orders `load` counts.
+pub fn background_services(
+    settings: &Settings,
+    pool: &Pool,
+    load: Arc<dyn OrderLoad>,
+) -> Supervisor {
     let ids = IdGenerator::for_node(settings.engine.node_id);
     let outbox = {
         let (pool, amqp) = (pool.clone(), settings.amqp.clone());
         let config = OutboxConfig::from(&settings.outbox);
-        child(move || OutboxPublisher::new(pool.clone(), amqp.clone(), config.clone()))
+        child(move || {
+            OutboxPublisher::new(
+                pool.clone(),
+                amqp.clone(),
+                config.clone(),
+                Some(load.clone()),
+            )
+        })
     };
     let sweeper = {
         let pool = pool.clone();

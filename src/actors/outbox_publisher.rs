@@ -5,10 +5,16 @@
 //! confirmed, RETRY with backoff or DEAD otherwise. Several publishers, in one or many
 //! processes, run safely at once; a duplicate can only follow a lease expiry, and
 //! consumers dedup by event_id.
+//!
+//! It yields to the order path: while orders are in flight (`OrderLoad`), it publishes
+//! one batch per `busy_interval` instead of back to back, unless its backlog is
+//! older than `max_lag`. A flash sale's burst then gets the cores PostgreSQL and
+//! RabbitMQ share, and its events follow within seconds (docs/BENCHMARKS.md).
 
 use std::cell::Cell;
 use std::rc::Rc;
-use std::time::Duration;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use crate::domain::backoff::backoff;
 use futures_util::future::{join_all, LocalBoxFuture};
@@ -17,6 +23,7 @@ use lapin::BasicProperties;
 use uuid::Uuid;
 
 use super::maintenance::{Outcome, Service, ServiceError};
+use crate::actors::intake::IntakeStats;
 use crate::config::{AmqpSettings, OutboxSettings};
 use crate::mq;
 use crate::mq::publisher::{ConfirmedPublisher, LazyPublisher};
@@ -39,6 +46,23 @@ pub struct OutboxConfig {
     pub retention: Duration,
     /// ...at most this many per run.
     pub retention_batch: i64,
+    /// While orders are in flight, runs start at least this far apart; zero never
+    /// yields.
+    pub busy_interval: Duration,
+    /// A claimed event older than this ends the yielding until the backlog is
+    /// younger.
+    pub max_lag: Duration,
+}
+
+/// Whether the order path has work in flight; the publisher yields to it.
+pub trait OrderLoad {
+    fn busy(&self) -> bool;
+}
+
+impl OrderLoad for IntakeStats {
+    fn busy(&self) -> bool {
+        self.in_flight() > 0
+    }
 }
 
 impl From<&OutboxSettings> for OutboxConfig {
@@ -51,6 +75,8 @@ impl From<&OutboxSettings> for OutboxConfig {
             backoff_max: Duration::from_millis(s.backoff_max_ms),
             retention: Duration::from_secs(s.retention_secs),
             retention_batch: i64::from(s.retention_batch),
+            busy_interval: Duration::from_millis(s.busy_interval_ms),
+            max_lag: Duration::from_millis(s.max_lag_ms),
         }
     }
 }
@@ -69,10 +95,23 @@ struct Inner {
     publisher: LazyPublisher,
     /// Retention runs on every 50th pass only.
     runs: Cell<u64>,
+    /// The order path this publisher yields to, if any.
+    load: Option<Arc<dyn OrderLoad>>,
+    /// When the last batch was claimed.
+    last_claim: Cell<Option<Instant>>,
+    /// The last claim found an event older than `max_lag`.
+    lagging: Cell<bool>,
 }
 
 impl OutboxPublisher {
-    pub fn new(pool: Pool, amqp: AmqpSettings, config: OutboxConfig) -> Self {
+    /// A publisher that yields to `load` while it is busy (see the module docs), or
+    /// never, without one.
+    pub fn new(
+        pool: Pool,
+        amqp: AmqpSettings,
+        config: OutboxConfig,
+        load: Option<Arc<dyn OrderLoad>>,
+    ) -> Self {
         let exchange = mq::topology::Names::new(&amqp.namespace).events_exchange();
         Self {
             inner: Rc::new(Inner {
@@ -83,6 +122,9 @@ impl OutboxPublisher {
                 owner: format!("outbox-{}", Uuid::now_v7()),
                 publisher: LazyPublisher::new("seckill-outbox"),
                 runs: Cell::new(0),
+                load,
+                last_claim: Cell::new(None),
+                lagging: Cell::new(false),
             }),
         }
     }
@@ -107,7 +149,20 @@ impl Service for OutboxPublisher {
 }
 
 impl Inner {
+    /// Whether this run gives way to the order path.
+    fn yields(&self) -> bool {
+        let busy = self.load.as_ref().is_some_and(|load| load.busy());
+        let recent = self
+            .last_claim
+            .get()
+            .is_some_and(|at| at.elapsed() < self.config.busy_interval);
+        busy && recent && !self.lagging.get()
+    }
+
     async fn run_once(&self) -> Result<Outcome, ServiceError> {
+        if self.yields() {
+            return Ok(Outcome::default());
+        }
         let conn = self
             .pool
             .get()
@@ -116,6 +171,13 @@ impl Inner {
         let recovered = outbox::recover_expired_leases(&conn.client, self.config.lease).await?;
         let events = outbox::claim(&conn.client, &self.owner, self.config.batch_size).await?;
         let claimed = events.len();
+        self.last_claim.set(Some(Instant::now()));
+        let oldest = events.iter().map(|e| e.created_at).min();
+        self.lagging.set(oldest.is_some_and(|created| {
+            (chrono::Utc::now() - created)
+                .to_std()
+                .is_ok_and(|age| age > self.config.max_lag)
+        }));
         let (mut sent, mut failed, mut dead) = (0u64, 0u64, 0u64);
         if !events.is_empty() {
             let results = match self.publisher.get(&self.amqp).await {

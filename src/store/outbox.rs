@@ -5,6 +5,8 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+
 use tokio_postgres::{Client, Statement, Transaction};
 use uuid::Uuid;
 
@@ -116,6 +118,7 @@ pub struct ClaimedEvent {
     pub headers: serde_json::Value,
     pub retry_count: i32,
     pub max_retry: i32,
+    pub created_at: DateTime<Utc>,
 }
 
 /// SENDING rows whose lease ran out go back to RETRY (§9.8).
@@ -141,6 +144,7 @@ pub async fn claim(
             headers: r.get(5),
             retry_count: r.get(6),
             max_retry: r.get(7),
+            created_at: r.get(8),
         })
         .collect())
 }
@@ -227,7 +231,7 @@ SET status = 10,
 FROM candidates AS c
 WHERE o.event_id = c.event_id
 RETURNING o.event_id, o.tag, o.message_key, o.schema_version, o.payload, o.headers,
-          o.retry_count, o.max_retry";
+          o.retry_count, o.max_retry, o.created_at";
 
 const MARK_SENT: &str = "
 UPDATE event_outbox

@@ -4,6 +4,8 @@
 use std::cell::Cell;
 use std::collections::{HashMap, HashSet};
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
@@ -16,7 +18,7 @@ use lapin::options::{
 use lapin::types::FieldTable;
 use lapin::ExchangeKind;
 use seckill_engine::actors::maintenance::{Outcome, Service, ServiceError};
-use seckill_engine::actors::outbox_publisher::{OutboxConfig, OutboxPublisher};
+use seckill_engine::actors::outbox_publisher::{OrderLoad, OutboxConfig, OutboxPublisher};
 use seckill_engine::actors::supervisor::{Restarts, Supervisor};
 use seckill_engine::engine::child;
 use seckill_engine::redis::keys::SkuKeys;
@@ -266,6 +268,77 @@ async fn orders_with_unpublished_events(env: &TestEnv, db: &mut Client, activity
     builders::publish(env, &amqp, &msgs).await;
     wait_for(db, "SELECT count(*) FROM event_outbox WHERE status = 0", n).await;
     engine.stop().await;
+}
+
+/// Orders in flight, as the test says.
+struct Load(AtomicBool);
+
+impl OrderLoad for Load {
+    fn busy(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+}
+
+#[actix_rt::test]
+async fn the_publisher_yields_to_orders_in_flight_until_its_backlog_is_too_old() {
+    let env = TestEnv::new().await;
+    let mut db = env.db().await;
+    orders_with_unpublished_events(&env, &mut db, 49, 30).await;
+    let sent = "SELECT count(*) FROM event_outbox WHERE status = 20";
+    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
+    let load = Arc::new(Load(AtomicBool::new(true)));
+    let config = OutboxConfig {
+        interval: Duration::from_millis(20),
+        batch_size: 10,
+        busy_interval: Duration::from_secs(3_600),
+        max_lag: Duration::from_secs(3_600),
+        ..OutboxConfig::from(&env.settings.outbox)
+    };
+    let publisher = OutboxPublisher::new(
+        pool.clone(),
+        env.settings.amqp.clone(),
+        config.clone(),
+        Some(load.clone()),
+    );
+    let runner = actix::Actor::start(seckill_engine::actors::maintenance::Maintenance::new(
+        publisher, None,
+    ));
+    // One batch, then nothing more while orders are in flight: 25 runs of the
+    // runner's interval go by.
+    wait_for(&db, sent, 10).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        count(&db, sent).await,
+        10,
+        "published while orders were in flight"
+    );
+    // The orders are done: the rest goes at once.
+    load.0.store(false, Ordering::Relaxed);
+    wait_for(&db, sent, 30).await;
+    let _ = runner
+        .send(seckill_engine::actors::maintenance::StopChild)
+        .await;
+
+    // Busy again, but these events are older than the lag it allows.
+    orders_with_unpublished_events(&env, &mut db, 50, 30).await;
+    load.0.store(true, Ordering::Relaxed);
+    let publisher = OutboxPublisher::new(
+        pool,
+        env.settings.amqp.clone(),
+        OutboxConfig {
+            max_lag: Duration::ZERO,
+            ..config
+        },
+        Some(load),
+    );
+    let runner = actix::Actor::start(seckill_engine::actors::maintenance::Maintenance::new(
+        publisher, None,
+    ));
+    wait_for(&db, sent, 60).await;
+    let _ = runner
+        .send(seckill_engine::actors::maintenance::StopChild)
+        .await;
+    env.cleanup().await;
 }
 
 #[actix_rt::test]
@@ -535,7 +608,7 @@ async fn a_publisher_that_panics_is_restarted_and_no_row_is_lost() {
         let (pool, amqp_settings, armed) = (pool.clone(), env.settings.amqp.clone(), armed.clone());
         let config = OutboxConfig::from(&env.settings.outbox);
         child(move || PanicOnce {
-            inner: OutboxPublisher::new(pool.clone(), amqp_settings.clone(), config.clone()),
+            inner: OutboxPublisher::new(pool.clone(), amqp_settings.clone(), config.clone(), None),
             pool: pool.clone(),
             armed: armed.clone(),
         })
@@ -594,7 +667,7 @@ async fn events_wait_while_the_broker_is_down_and_all_go_out_when_it_returns() {
         ..OutboxConfig::from(&env.settings.outbox)
     };
     let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
-    let publisher = OutboxPublisher::new(pool, amqp_settings, config);
+    let publisher = OutboxPublisher::new(pool, amqp_settings, config, None);
     let runner = actix::Actor::start(seckill_engine::actors::maintenance::Maintenance::new(
         publisher, None,
     ));
