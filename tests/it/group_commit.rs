@@ -92,6 +92,15 @@ async fn run(env: &TestEnv, msgs: &[OrderCreateMessage], chunks: &[usize]) -> Ve
         client: env.db().await,
         statements: StatementCache::default(),
     };
+    run_on(&mut conn, msgs, chunks).await
+}
+
+/// `run` on a given connection.
+async fn run_on(
+    conn: &mut PgConn,
+    msgs: &[OrderCreateMessage],
+    chunks: &[usize],
+) -> Vec<OrderOutcome> {
     let ctx = context();
     let mut outcomes = Vec::new();
     let mut at = 0;
@@ -109,7 +118,7 @@ async fn run(env: &TestEnv, msgs: &[OrderCreateMessage], chunks: &[usize]) -> Ve
                 ledger_id: ((at + i) as i64 + 1) * 1_000,
             })
             .collect();
-        let (done, _) = create_orders(&mut conn, &ctx, &inputs, &mut AllocationTurn::free())
+        let (done, _) = create_orders(conn, &ctx, &inputs, &mut AllocationTurn::free())
             .await
             .expect("the mix has no invalid message");
         outcomes.extend(done);
@@ -270,21 +279,7 @@ async fn small_batches_on_fresh_tables_never_scan_them() {
         client: env.db().await,
         statements: StatementCache::default(),
     };
-    let ctx = context();
-    for (k, batch) in msgs.chunks(4).enumerate() {
-        let inputs: Vec<OrderInput<'_>> = batch
-            .iter()
-            .enumerate()
-            .map(|(i, msg)| OrderInput {
-                msg,
-                topic: "test.order.create.0",
-                ledger_id: (k * 4 + i) as i64 + 1,
-            })
-            .collect();
-        create_orders(&mut conn, &ctx, &inputs, &mut AllocationTurn::free())
-            .await
-            .expect("valid orders");
-    }
+    run_on(&mut conn, &msgs, &[4]).await;
     // This backend's counters, made visible to the next snapshot.
     conn.client
         .batch_execute("SELECT pg_stat_force_next_flush()")
