@@ -254,8 +254,8 @@ impl IntakeStarter<'_> {
 }
 
 /// The supervisor with the outbox publisher, the sweeper, the compensation worker,
-/// the reconciler of Redis reservations and the gauge sampler.
-/// The outbox publisher yields to the orders `load` counts.
+/// the reconciler of Redis reservations and the gauge sampler; the outbox publisher
+/// yields to the orders `load` counts.
 pub fn background_services(
     settings: &Settings,
     pool: &Pool,

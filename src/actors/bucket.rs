@@ -275,8 +275,9 @@ fn record_commit_latency(msg: &OrderCreateMessage, committed_at: chrono::DateTim
     metrics::histogram!("seckill_order_commit_latency_seconds").record(waited.as_secs_f64());
 }
 
-/// Reservation → commit, in seconds (the name recorded above); finer buckets than the other `*_seconds`
-/// histograms (`telemetry`), for latency objectives in tens of milliseconds.
+/// Reservation → commit, in seconds (the name recorded above); finer buckets than
+/// the other `*_seconds` histograms (`telemetry`), for latency objectives in tens of
+/// milliseconds.
 pub const COMMIT_LATENCY: &str = "seckill_order_commit_latency_seconds";
 
 fn log_failed(

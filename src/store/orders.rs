@@ -104,8 +104,8 @@ async fn create_orders_once(
     let tx = client.transaction().await?;
     let st = statements;
 
-    let set_timeouts = st.get(&tx, SET_TIMEOUTS).await?;
-    tx.execute(&set_timeouts, &[&ctx.lock_timeout, &ctx.statement_timeout])
+    let settings = st.get(&tx, SET_TX_SETTINGS).await?;
+    tx.execute(&settings, &[&ctx.lock_timeout, &ctx.statement_timeout])
         .await?;
     let mut outcomes = Vec::with_capacity(inputs.len());
     for segment in segments(inputs) {
@@ -852,7 +852,7 @@ WHERE i.activity_id = $1 AND i.sku_id = $2 AND i.bucket_no = $3";
 /// most a batch of rows, each by key, so it rules out sequential scans and hash and
 /// merge joins: a batch joins its array to a table by probing a unique index, at any
 /// table size (docs/BENCHMARKS.md).
-const SET_TIMEOUTS: &str = "
+const SET_TX_SETTINGS: &str = "
 SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true),
        set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),
        set_config('enable_mergejoin', 'off', true)";
