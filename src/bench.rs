@@ -20,6 +20,9 @@ use rand::Rng;
 use serde::Serialize;
 use uuid::Uuid;
 
+mod cpu;
+pub use cpu::CpuUse;
+
 use crate::config::Settings;
 use crate::domain::ids::IdGenerator;
 use crate::domain::message::OrderCreateMessage;
@@ -116,6 +119,9 @@ pub struct Report {
     /// Reservation → COMMIT, from the engine's histogram; None if it could not be
     /// read.
     pub commit_latency_ms: Option<CommitLatency>,
+    /// This host's CPU from the start of the drive until all was settled; None
+    /// where `/proc` cannot be read.
+    pub cpu: Option<CpuUse>,
     pub responses: BTreeMap<String, u64>,
     pub outcomes: BTreeMap<String, i64>,
     pub checks: BTreeMap<String, i64>,
@@ -217,6 +223,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
         .clone()
         .unwrap_or_else(|| format!("http://{}/metrics", settings.admin.addr));
     let commit_before = commit_histogram(&metrics_url).await;
+    let cpu_before = cpu::Reading::take();
     let started = Instant::now();
     let start_time = Utc::now();
     let (responses, expected) = match args.mode {
@@ -251,6 +258,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
     }
     spinner.finish_and_clear();
     let settle_seconds = started.elapsed().as_secs_f64();
+    let cpu_after = cpu::Reading::take();
     let commit_latency = match (commit_before, commit_histogram(&metrics_url).await) {
         (Ok(before), Ok(after)) => commit_latency(&before, &after),
         (Err(e), _) | (_, Err(e)) => {
@@ -293,6 +301,9 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
             max: lat[3].unwrap_or(0.0),
         },
         commit_latency_ms: commit_latency,
+        cpu: cpu_before
+            .zip(cpu_after)
+            .map(|(before, after)| before.until(&after, sold)),
         responses,
         outcomes,
         checks: checks_run
@@ -650,6 +661,22 @@ fn print_report(r: &Report) {
         "  drive {:.2} s, all settled after {:.2} s",
         r.drive_seconds, r.settle_seconds
     );
+    if let Some(c) = &r.cpu {
+        let list = |m: &BTreeMap<&str, f64>, unit: &str| {
+            m.iter()
+                .map(|(k, v)| format!("{k} {v:.0}{unit}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!(
+            "  cpu per order      {}  (this host, {} cores, {:.1} s)",
+            list(&c.per_order_us, " µs"),
+            c.cores,
+            c.seconds
+        );
+        println!("  cpu share          {}", list(&c.share_percent, " %"));
+        println!("  host               {}", list(&c.host_percent, " %"));
+    }
     println!("  responses:");
     for (k, v) in &r.responses {
         println!("    {k:<28} {v}");
