@@ -8,7 +8,10 @@
 //! the batches were formed, so inside one instance the hot row never waits on a
 //! PostgreSQL row lock. Orders related to a running transaction (a shared message,
 //! reservation, request, order or user key) wait for it to end: the transactions
-//! that overlap never wait on each other's rows.
+//! that overlap never wait on each other's rows. While batches end with every
+//! order new and created, the next is sent speculatively in one round trip
+//! (`store::orders::set_based`); after one that did not, the next goes the careful
+//! way.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
@@ -63,6 +66,10 @@ pub struct BucketActor {
     shared: Arc<BucketShared>,
     /// SKU title snapshot, loaded with the first order of this actor's life.
     sku_title: Option<String>,
+    /// Every order of the last batch to end was new and got a unit: the next
+    /// batch is sent in one round trip, as if the same held for it
+    /// (`OrderTxContext::speculate`).
+    speculate: bool,
     /// Orders waiting for the next transaction, in arrival order. Bounded by the
     /// DB permits: an order is routed here only under a permit.
     waiting: VecDeque<Waiting>,
@@ -98,6 +105,7 @@ impl BucketActor {
             key,
             shared,
             sku_title: None,
+            speculate: true,
             waiting: VecDeque::new(),
             running: 0,
             running_keys: HashMap::new(),
@@ -135,22 +143,27 @@ impl BucketActor {
             *self.running_keys.entry(*k).or_default() += 1;
         }
         let (shared, key, cached) = (self.shared.clone(), self.key, self.sku_title.clone());
+        let speculate = self.speculate;
         let (mut turn, next) = AllocationTurn::after(self.last_turn.take());
         self.last_turn = Some(next);
         let work = async move {
             let mut title = cached;
-            let results = run_group(&shared, key, &mut title, &mut turn, &runs).await;
+            let results = run_group(&shared, key, speculate, &mut title, &mut turn, &runs).await;
+            let fresh = results
+                .iter()
+                .all(|r| matches!(r, Ok(o) if o.code == ResultCode::OrderCreated && !o.duplicate));
             for (reply, result) in replies.into_iter().zip(results) {
                 // The asker may have gone (shutdown); its message is redelivered.
                 let _ = reply.send(result);
             }
             turn.finish().await;
-            title
+            (title, fresh)
         };
-        ctx.spawn(work.into_actor(self).map(|title, actor, ctx| {
+        ctx.spawn(work.into_actor(self).map(|(title, fresh), actor, ctx| {
             if title.is_some() {
                 actor.sku_title = title;
             }
+            actor.speculate = fresh;
             actor.running -= 1;
             for k in keys {
                 if let Some(n) = actor.running_keys.get_mut(&k) {
@@ -197,13 +210,14 @@ impl Handler<RunOrder> for BucketActor {
 fn run_group<'a>(
     shared: &'a BucketShared,
     key: BucketKey,
+    speculate: bool,
     title: &'a mut Option<String>,
     turn: &'a mut AllocationTurn,
     runs: &'a [RunOrder],
 ) -> LocalBoxFuture<'a, Vec<Result<OrderOutcome, ErrorClass>>> {
     Box::pin(async move {
         let started = Instant::now();
-        let result = run_orders(shared, key, title, turn, runs).await;
+        let result = run_orders(shared, key, speculate, title, turn, runs).await;
         let elapsed = started.elapsed();
         match result {
             Ok(done) => {
@@ -225,8 +239,8 @@ fn run_group<'a>(
                     // The parts run after each other; later batches wait for all.
                     turn.hold();
                     let (left, right) = runs.split_at(runs.len() / 2);
-                    let mut results = run_group(shared, key, title, turn, left).await;
-                    results.extend(run_group(shared, key, title, turn, right).await);
+                    let mut results = run_group(shared, key, speculate, title, turn, left).await;
+                    results.extend(run_group(shared, key, speculate, title, turn, right).await);
                     results
                 } else {
                     runs.iter().map(|_| Err(class.clone())).collect()
@@ -311,6 +325,7 @@ struct Done {
 async fn run_orders(
     shared: &BucketShared,
     key: BucketKey,
+    speculate: bool,
     title: &mut Option<String>,
     turn: &mut AllocationTurn,
     runs: &[RunOrder],
@@ -342,6 +357,7 @@ async fn run_orders(
         lock_timeout: shared.lock_timeout.clone(),
         statement_timeout: shared.statement_timeout.clone(),
         max_attempts: shared.max_attempts,
+        speculate,
     };
     let inputs: Vec<OrderInput<'_>> = runs
         .iter()

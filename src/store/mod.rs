@@ -39,6 +39,11 @@ pub enum StoreError {
     Anomaly(String),
     #[error("invalid database URL: {0}")]
     Url(String),
+    /// A batch sent in one round trip on the assumption that its messages are new
+    /// and its bucket holds their units was not so; the transaction is redone the
+    /// careful way (`orders::create_orders`).
+    #[error("a batch sent as new messages with units to take was not")]
+    Speculation,
 }
 
 /// tokio-postgres' Display says only "db error"; the server's message is in the source.
@@ -65,6 +70,8 @@ impl StoreError {
             StoreError::CommitOutcomeUnknown(_) => ErrorClass::CommitOutcomeUnknown,
             StoreError::Anomaly(reason) => ErrorClass::Fatal(reason.clone()),
             StoreError::Url(reason) => ErrorClass::Fatal(reason.clone()),
+            // Nothing committed; never leaves `create_orders`.
+            StoreError::Speculation => ErrorClass::Transient("speculation"),
         }
     }
 

@@ -20,6 +20,7 @@ use rand::Rng;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
+use tokio_postgres::types::ToSql;
 use tokio_postgres::Transaction;
 use uuid::Uuid;
 
@@ -43,6 +44,10 @@ pub struct OrderTxContext {
     pub lock_timeout: String,
     pub statement_timeout: String,
     pub max_attempts: u32,
+    /// Send a batch's segments in one round trip each, as new messages whose units
+    /// the bucket holds (`set_based::run_fresh_segment`); redone the careful way
+    /// when they are not.
+    pub speculate: bool,
 }
 
 /// One message of a transaction.
@@ -57,7 +62,9 @@ pub struct OrderInput<'a> {
 
 /// Runs the messages' order bodies in one transaction, retrying the whole
 /// transaction in place on serialization failures and deadlocks (bounded,
-/// jittered); returns one outcome per message, in order, and the attempts it took.
+/// jittered), and once the careful way when a speculative one found its messages
+/// or its bucket not as assumed; returns one outcome per message, in order, and
+/// the attempts it took.
 /// Any error fails the whole transaction (nothing of it committed), returned for
 /// the caller to classify.
 pub async fn create_orders(
@@ -67,9 +74,16 @@ pub async fn create_orders(
     turn: &mut AllocationTurn,
 ) -> Result<(Vec<OrderOutcome>, u32), StoreError> {
     let mut attempt = 1;
+    let mut speculate = ctx.speculate;
     loop {
-        match create_orders_once(conn, ctx, inputs, turn).await {
+        match create_orders_once(conn, ctx, inputs, turn, speculate).await {
             Ok(outcomes) => return Ok((outcomes, attempt)),
+            Err(StoreError::Speculation) if speculate => {
+                metrics::counter!("seckill_order_tx_retries_total", "reason" => "speculation")
+                    .increment(1);
+                speculate = false;
+                attempt += 1;
+            }
             Err(StoreError::Db(e))
                 if attempt < ctx.max_attempts
                     && e.code().is_some_and(|c| retry_in_place(c.code())) =>
@@ -99,22 +113,32 @@ async fn create_orders_once(
     ctx: &OrderTxContext,
     inputs: &[OrderInput<'_>],
     turn: &mut AllocationTurn,
+    speculate: bool,
 ) -> Result<Vec<OrderOutcome>, StoreError> {
     let PgConn { client, statements } = conn;
     let tx = client.transaction().await?;
     let st = statements;
 
     let settings = st.get(&tx, SET_TX_SETTINGS).await?;
-    tx.execute(&settings, &[&ctx.lock_timeout, &ctx.statement_timeout])
-        .await?;
-    let mut outcomes = Vec::with_capacity(inputs.len());
-    for segment in segments(inputs) {
-        if let [input] = segment {
-            outcomes.push(order_body(&tx, st, ctx, input, turn).await?);
-        } else {
-            outcomes.extend(set_based::run_segment(&tx, st, ctx, segment, turn).await?);
+    // Pipelined: the first statement of the body follows without waiting.
+    let timeouts: [&(dyn ToSql + Sync); 2] = [&ctx.lock_timeout, &ctx.statement_timeout];
+    let set = tx.execute(&settings, &timeouts);
+    let body = async {
+        let mut outcomes = Vec::with_capacity(inputs.len());
+        for segment in segments(inputs) {
+            if let [input] = segment {
+                outcomes.push(order_body(&tx, st, ctx, input, turn).await?);
+            } else if speculate {
+                outcomes.extend(set_based::run_fresh_segment(&tx, st, ctx, segment, turn).await?);
+            } else {
+                outcomes.extend(set_based::run_segment(&tx, st, ctx, segment, turn).await?);
+            }
         }
-    }
+        Ok::<_, StoreError>(outcomes)
+    };
+    let (set, outcomes) = futures_util::join!(set, body);
+    set?;
+    let outcomes = outcomes?;
     turn.pass_on().await;
     commit(tx).await?;
     Ok(outcomes)

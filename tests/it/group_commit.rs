@@ -2,10 +2,13 @@
 //! outcome per message and the same rows whether each runs in a transaction of its
 //! own or many share one. A property test generates the mixes (redeliveries,
 //! re-sending producers, repeat users, stock shortfalls, several buckets) and the
-//! transaction sizes, and runs each mix on two fresh databases.
+//! transaction sizes, and runs each mix on two fresh databases. The batched side
+//! speculates (one round trip per batch, redone the careful way when the batch is
+//! not all new or its bucket is short) in some mixes and not in others.
 
 use std::cell::RefCell;
 use std::collections::HashSet;
+use std::sync::atomic::{AtomicI64, Ordering};
 
 use proptest::prelude::*;
 use proptest::sample::Index;
@@ -38,6 +41,8 @@ struct Mix {
     stock: i32,
     steps: Vec<Step>,
     chunks: Vec<usize>,
+    /// The batched side sends batches speculatively.
+    speculate: bool,
 }
 
 fn mixes() -> impl Strategy<Value = Mix> {
@@ -50,12 +55,14 @@ fn mixes() -> impl Strategy<Value = Mix> {
         (
             proptest::collection::vec(step, 1..200),
             proptest::collection::vec(1usize..=128, 1..8),
+            any::<bool>(),
         )
-            .prop_map(move |(steps, chunks)| Mix {
+            .prop_map(move |(steps, chunks, speculate)| Mix {
                 buckets,
                 stock,
                 steps,
                 chunks,
+                speculate,
             })
     })
 }
@@ -76,32 +83,46 @@ fn messages(mix: &Mix) -> Vec<OrderCreateMessage> {
     msgs
 }
 
-fn context() -> OrderTxContext {
+fn context(speculate: bool) -> OrderTxContext {
     OrderTxContext {
         consumer_group: "seckill-engine".into(),
         sku_title: "test sku 1".into(),
         lock_timeout: "5s".into(),
         statement_timeout: "30s".into(),
         max_attempts: 3,
+        speculate,
+    }
+}
+
+fn connection(client: Client) -> PgConn {
+    PgConn {
+        client,
+        statements: StatementCache::default(),
     }
 }
 
 /// Runs `msgs` in order, `chunks[i]` of them per transaction (cycling).
-async fn run(env: &TestEnv, msgs: &[OrderCreateMessage], chunks: &[usize]) -> Vec<OrderOutcome> {
-    let mut conn = PgConn {
-        client: env.db().await,
-        statements: StatementCache::default(),
-    };
-    run_on(&mut conn, msgs, chunks).await
+async fn run(
+    env: &TestEnv,
+    msgs: &[OrderCreateMessage],
+    chunks: &[usize],
+    speculate: bool,
+) -> Vec<OrderOutcome> {
+    let mut conn = connection(env.db().await);
+    run_on(&mut conn, msgs, chunks, speculate).await
 }
+
+/// Ledger ids, unique across the runs of a test binary.
+static NEXT_LEDGER_ID: AtomicI64 = AtomicI64::new(1);
 
 /// `run` on a given connection.
 async fn run_on(
     conn: &mut PgConn,
     msgs: &[OrderCreateMessage],
     chunks: &[usize],
+    speculate: bool,
 ) -> Vec<OrderOutcome> {
-    let ctx = context();
+    let ctx = context(speculate);
     let mut outcomes = Vec::new();
     let mut at = 0;
     for size in chunks.iter().cycle() {
@@ -109,18 +130,14 @@ async fn run_on(
             break;
         }
         let end = (at + size).min(msgs.len());
-        let inputs: Vec<OrderInput<'_>> = msgs[at..end]
-            .iter()
-            .enumerate()
-            .map(|(i, msg)| OrderInput {
-                msg,
-                topic: "test.order.create.0",
-                ledger_id: ((at + i) as i64 + 1) * 1_000,
-            })
-            .collect();
-        let (done, _) = create_orders(conn, &ctx, &inputs, &mut AllocationTurn::free())
-            .await
-            .expect("the mix has no invalid message");
+        let (done, _) = create_orders(
+            conn,
+            &ctx,
+            &inputs(&msgs[at..end]),
+            &mut AllocationTurn::free(),
+        )
+        .await
+        .expect("the mix has no invalid message");
         outcomes.extend(done);
         at = end;
     }
@@ -164,8 +181,8 @@ async fn check(mix: &Mix) -> Vec<OrderOutcome> {
         builders::activity(&mut db, 61, 1, mix.stock, mix.buckets).await;
     }
     let msgs = messages(mix);
-    let one_by_one = run(&alone, &msgs, &[1]).await;
-    let batched = run(&grouped, &msgs, &mix.chunks).await;
+    let one_by_one = run(&alone, &msgs, &[1], false).await;
+    let batched = run(&grouped, &msgs, &mix.chunks, mix.speculate).await;
     assert_eq!(one_by_one.len(), msgs.len());
     for (i, (a, b)) in one_by_one.iter().zip(&batched).enumerate() {
         assert_eq!(a, b, "message {i} differs alone vs in batches");
@@ -223,24 +240,61 @@ async fn run_in_turn(
     msgs: &[OrderCreateMessage],
     mut turn: AllocationTurn,
 ) -> Vec<OrderOutcome> {
-    let mut conn = PgConn {
-        client: env.db().await,
-        statements: StatementCache::default(),
-    };
-    let inputs: Vec<OrderInput<'_>> = msgs
-        .iter()
-        .enumerate()
-        .map(|(i, msg)| OrderInput {
-            msg,
-            topic: "test.order.create.0",
-            ledger_id: i as i64 + 1 + msgs[0].user_id * 1_000,
-        })
-        .collect();
-    let (outcomes, _) = create_orders(&mut conn, &context(), &inputs, &mut turn)
+    let mut conn = connection(env.db().await);
+    let (outcomes, _) = create_orders(&mut conn, &context(true), &inputs(msgs), &mut turn)
         .await
         .expect("valid messages");
     turn.finish().await;
     outcomes
+}
+
+/// One transaction's inputs.
+fn inputs(msgs: &[OrderCreateMessage]) -> Vec<OrderInput<'_>> {
+    msgs.iter()
+        .map(|msg| OrderInput {
+            msg,
+            topic: "test.order.create.0",
+            ledger_id: NEXT_LEDGER_ID.fetch_add(1, Ordering::Relaxed),
+        })
+        .collect()
+}
+
+/// A speculative batch takes one attempt when all its messages are new and its
+/// bucket holds their units; otherwise it is redone the careful way (a second
+/// attempt), with the outcomes the careful way gives.
+#[tokio::test]
+async fn a_speculative_batch_is_redone_carefully_unless_all_new_with_units() {
+    let env = TestEnv::new().await;
+    builders::activity(&mut env.db().await, 64, 1, 12, 1).await;
+    let mut conn = connection(env.db().await);
+    let fresh: Vec<_> = (1..=10).map(|u| order(64, 1, u, 0)).collect();
+    let short: Vec<_> = (11..=14).map(|u| order(64, 1, u, 0)).collect();
+    let mut again: Vec<_> = (21..=22).map(|u| order(64, 1, u, 0)).collect();
+    again.push(fresh[0].clone());
+    async fn speculate(conn: &mut PgConn, msgs: &[OrderCreateMessage]) -> (Vec<&'static str>, u32) {
+        let (outcomes, attempts) = create_orders(
+            conn,
+            &context(true),
+            &inputs(msgs),
+            &mut AllocationTurn::free(),
+        )
+        .await
+        .expect("valid messages");
+        (outcomes.iter().map(|o| o.label()).collect(), attempts)
+    }
+    assert_eq!(speculate(&mut conn, &fresh).await, (vec!["created"; 10], 1));
+    assert_eq!(
+        speculate(&mut conn, &short).await,
+        (vec!["created", "created", "sold_out", "sold_out"], 2)
+    );
+    assert_eq!(
+        speculate(&mut conn, &again).await,
+        (vec!["sold_out", "sold_out", "duplicate"], 2)
+    );
+    let db = env.db().await;
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 12);
+    assert_invariants(&db).await;
+    env.cleanup().await;
 }
 
 /// Overlapping transactions of one bucket (engine.bucket_pipeline > 1) take units in
@@ -275,11 +329,10 @@ async fn small_batches_on_fresh_tables_never_scan_them() {
     let mut db = env.db().await;
     builders::activity(&mut db, 63, 1, 1_000, 1).await;
     let msgs: Vec<_> = (1..=400).map(|user| order(63, 1, user, 0)).collect();
-    let mut conn = PgConn {
-        client: env.db().await,
-        statements: StatementCache::default(),
-    };
-    run_on(&mut conn, &msgs, &[4]).await;
+    let mut conn = connection(env.db().await);
+    // Both ways: speculative batches, then careful ones.
+    run_on(&mut conn, &msgs[..200], &[4], true).await;
+    run_on(&mut conn, &msgs[200..], &[4], false).await;
     // This backend's counters, made visible to the next snapshot.
     conn.client
         .batch_execute("SELECT pg_stat_force_next_flush()")

@@ -6,6 +6,12 @@
 //! conflicted) go through the same per-message helpers as `order_body`; the writes
 //! after the allocation are pipelined, which keeps the hot row locked for about one
 //! round trip before COMMIT.
+//!
+//! That is the careful way, a round trip per step. In the common case, a
+//! segment of new messages whose bucket holds their units, `run_fresh_segment`
+//! sends all of it at once and the hot row is locked only from the UPDATE to
+//! COMMIT; it is speculative, and falls back to the careful way when the case is
+//! not the common one.
 
 use std::collections::{HashMap, HashSet};
 
@@ -15,10 +21,11 @@ use tokio_postgres::{Row, Transaction};
 use uuid::Uuid;
 
 use super::{
-    allocate, expect_rows, explain_order_conflict, order_created_event, payload_hash, release,
+    expect_rows, explain_order_conflict, order_created_event, payload_hash, release,
     reservation_expires_at, reservation_verdict, AllocationTurn, OrderInput, OrderTxContext,
     StoredResult,
 };
+use crate::domain::message::OrderCreateMessage;
 use crate::domain::outcome::{OrderOutcome, ResultCode};
 use crate::domain::status::{LedgerType, ReservationStatus};
 use crate::store::compensation::{TaskRows, INSERT_TASKS};
@@ -184,16 +191,14 @@ pub(super) async fn run_segment(
         }
     }
 
-    // 4. One conditional UPDATE for the whole segment (§9.4): the first `units`
-    //    eligible orders get a unit, the rest are sold out.
-    let allocation = if eligible.is_empty() {
-        None
+    // 4. One conditional UPDATE for the whole segment (§9.4), which also writes the
+    //    ledger rows of the orders it gives a unit: the first `units` eligible
+    //    orders get one, the rest are sold out.
+    let units = if eligible.is_empty() {
+        0
     } else {
-        let wanted = i32::try_from(eligible.len())
-            .map_err(|_| StoreError::Anomaly("segment too large".into()))?;
-        allocate(tx, st, turn, bucket, wanted).await?
+        take_units(tx, st, turn, bucket, &LedgerRows::of(inputs, &eligible)).await?
     };
-    let units = allocation.map_or(0, |a| a.units as usize);
     let (granted, denied) = eligible.split_at(units);
     results.extend(
         denied
@@ -226,7 +231,6 @@ pub(super) async fn run_segment(
     let r_order_ids: Vec<Option<i64>> = results.iter().map(|&(_, _, id)| id).collect();
 
     let insert_items = st.get(tx, INSERT_ORDER_ITEMS).await?;
-    let insert_ledger = st.get(tx, INSERT_ALLOCATE_LEDGERS).await?;
     let mark_ordered = st.get(tx, MARK_RESERVATIONS_ORDERED).await?;
     let delete_orders = st.get(tx, DELETE_PROVISIONAL_ORDERS).await?;
     let reject = st.get(tx, REJECT_RESERVATIONS).await?;
@@ -234,22 +238,16 @@ pub(super) async fn run_segment(
     let insert_events = st.get(tx, INSERT_EVENTS).await?;
     let insert_tasks = st.get(tx, INSERT_TASKS).await?;
     let g_prices: Vec<i64> = granted_msgs.iter().map(|m| m.unit_price).collect();
-    let g_ledger_ids: Vec<i64> = granted.iter().map(|&i| inputs[i].ledger_id).collect();
-    let g_message_ids: Vec<Uuid> = granted_msgs.iter().map(|m| m.message_id).collect();
-    let g_users: Vec<i64> = granted_msgs.iter().map(|m| m.user_id).collect();
     let (ordered, pending, rejected) = (
         ReservationStatus::Ordered.code(),
         ReservationStatus::PendingDb.code(),
         ReservationStatus::Rejected.code(),
     );
-    let (allocate_type, sold_out) = (
-        LedgerType::Allocate.code(),
-        ResultCode::PostgresSoldOut.as_str(),
-    );
+    let sold_out = ResultCode::PostgresSoldOut.as_str();
     let granted_writes = async {
-        let Some(before) = allocation else {
+        if granted.is_empty() {
             return Ok::<_, StoreError>(());
-        };
+        }
         let items_params: [&Param; 5] = [
             &bucket.activity_id,
             &bucket.sku_id,
@@ -257,31 +255,12 @@ pub(super) async fn run_segment(
             &g_order_ids,
             &g_prices,
         ];
-        let ledger_params: [&Param; 11] = [
-            &bucket.activity_id,
-            &bucket.sku_id,
-            &bucket.inventory_bucket,
-            &allocate_type,
-            &before.available,
-            &before.allocated,
-            &g_ledger_ids,
-            &g_reservations,
-            &g_order_ids,
-            &g_message_ids,
-            &g_users,
-        ];
         let mark_params: [&Param; 4] = [&ordered, &pending, &g_reservations, &g_order_ids];
-        let (items, ledger, marked) = futures_util::try_join!(
+        let (items, marked) = futures_util::try_join!(
             tx.execute(&insert_items, &items_params),
-            tx.execute(&insert_ledger, &ledger_params),
             tx.execute(&mark_ordered, &mark_params),
         )?;
         expect_rows(items, granted.len(), "order items")?;
-        expect_rows(
-            ledger,
-            granted.len(),
-            "allocate ledger rows for reservations without an order",
-        )?;
         expect_rows(marked, granted.len(), "reservations locked in PENDING_DB")
     };
     let denied_writes = async {
@@ -342,6 +321,240 @@ pub(super) async fn run_segment(
         .into_iter()
         .map(|o| o.ok_or_else(|| StoreError::Anomaly("a message got no outcome".into())))
         .collect()
+}
+
+/// The common case in one round trip: a segment of new messages, whose orders the
+/// bucket has units for. Every step of `run_segment` is sent at once, as if each
+/// inbox, reservation and order row were new and every order got a unit, and the
+/// inventory UPDATE follows as soon as the turn comes. When all of that held, the
+/// careful path would have sent the same statements with the same rows, only with
+/// the UPDATE before the order writes: the result is the same. When any of it did
+/// not, the segment fails with `Speculation` and the transaction is redone the
+/// careful way; nothing of this one commits.
+pub(super) async fn run_fresh_segment(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    ctx: &OrderTxContext,
+    inputs: &[OrderInput<'_>],
+    turn: &mut AllocationTurn,
+) -> Result<Vec<OrderOutcome>, StoreError> {
+    let bucket = inputs[0].msg;
+    let n = inputs.len();
+    let msgs: Vec<&OrderCreateMessage> = inputs.iter().map(|i| i.msg).collect();
+    let hashes: Vec<Vec<u8>> = msgs.iter().map(|m| payload_hash(m)).collect();
+    let message_ids: Vec<Uuid> = msgs.iter().map(|m| m.message_id).collect();
+    let topics: Vec<&str> = inputs.iter().map(|i| i.topic).collect();
+    let reservation_ids: Vec<Uuid> = msgs.iter().map(|m| m.reservation_id).collect();
+    let request_ids: Vec<Uuid> = msgs.iter().map(|m| m.request_id).collect();
+    let order_ids: Vec<i64> = msgs.iter().map(|m| m.order_id).collect();
+    let order_nos: Vec<&str> = msgs.iter().map(|m| m.order_no.as_str()).collect();
+    let users: Vec<i64> = msgs.iter().map(|m| m.user_id).collect();
+    let prices: Vec<i64> = msgs.iter().map(|m| m.unit_price).collect();
+    let currencies: Vec<&str> = msgs.iter().map(|m| m.currency.as_str()).collect();
+    let order_expiry: Vec<DateTime<Utc>> = msgs.iter().map(|m| m.order_expire_at).collect();
+    let reserved_at: Vec<DateTime<Utc>> = msgs.iter().map(|m| m.reserved_at).collect();
+    let expires: Vec<DateTime<Utc>> = msgs
+        .iter()
+        .map(|m| reservation_expires_at(m))
+        .collect::<Result<_, _>>()?;
+    let all: Vec<usize> = (0..n).collect();
+    let ledgers = LedgerRows::of(inputs, &all);
+    let mut events = EventRows::default();
+    for msg in &msgs {
+        events.push(order_created_event(msg));
+    }
+    let (ordered, pending) = (
+        ReservationStatus::Ordered.code(),
+        ReservationStatus::PendingDb.code(),
+    );
+
+    let insert_inbox = st.get(tx, INSERT_INBOX).await?;
+    let insert_reservations = st.get(tx, INSERT_RESERVATIONS).await?;
+    let insert_orders = st.get(tx, INSERT_ORDERS).await?;
+    let insert_items = st.get(tx, INSERT_ORDER_ITEMS).await?;
+    let mark_ordered = st.get(tx, MARK_RESERVATIONS_ORDERED).await?;
+    let insert_events = st.get(tx, INSERT_EVENTS).await?;
+    let take = st.get(tx, TAKE_UNITS).await?;
+    let inbox_params: [&(dyn ToSql + Sync); 6] = [
+        &ctx.consumer_group,
+        &message_ids,
+        &topics,
+        &reservation_ids,
+        &hashes,
+        &order_ids,
+    ];
+    let reservation_params: [&(dyn ToSql + Sync); 9] = [
+        &bucket.activity_id,
+        &bucket.sku_id,
+        &bucket.inventory_bucket,
+        &reservation_ids,
+        &request_ids,
+        &message_ids,
+        &users,
+        &reserved_at,
+        &expires,
+    ];
+    let order_params: [&(dyn ToSql + Sync); 12] = [
+        &bucket.activity_id,
+        &bucket.sku_id,
+        &bucket.inventory_bucket,
+        &order_ids,
+        &order_nos,
+        &request_ids,
+        &reservation_ids,
+        &message_ids,
+        &users,
+        &prices,
+        &currencies,
+        &order_expiry,
+    ];
+    let items_params: [&(dyn ToSql + Sync); 5] = [
+        &bucket.activity_id,
+        &bucket.sku_id,
+        &ctx.sku_title,
+        &order_ids,
+        &prices,
+    ];
+    let mark_params: [&(dyn ToSql + Sync); 4] = [&ordered, &pending, &reservation_ids, &order_ids];
+    // Sent in this order; a statement after one that failed fails too (the
+    // transaction is aborted), so the first failure in this order is the cause.
+    let (inbox, reservations, orders, items, marked, written, taken) = futures_util::join!(
+        tx.execute(&insert_inbox, &inbox_params),
+        tx.execute(&insert_reservations, &reservation_params),
+        tx.execute(&insert_orders, &order_params),
+        tx.execute(&insert_items, &items_params),
+        tx.execute(&mark_ordered, &mark_params),
+        events.insert(tx, &insert_events),
+        async {
+            turn.wait().await;
+            take_first(tx, &take, bucket, &ledgers, n).await
+        },
+    );
+    for inserted in [inbox?, reservations?, orders?] {
+        if inserted != n as u64 {
+            return Err(StoreError::Speculation);
+        }
+    }
+    expect_rows(items?, n, "order items")?;
+    expect_rows(marked?, n, "reservations locked in PENDING_DB")?;
+    written?;
+    if !taken? {
+        return Err(StoreError::Speculation);
+    }
+    Ok(msgs
+        .iter()
+        .map(|m| OrderOutcome {
+            code: ResultCode::OrderCreated,
+            order_id: Some(m.order_id),
+            duplicate: false,
+        })
+        .collect())
+}
+
+/// The ledger rows of a segment's eligible orders, in arrival order; the first
+/// `units` of them are written by the UPDATE that takes `units`.
+struct LedgerRows {
+    ledger_ids: Vec<i64>,
+    reservations: Vec<Uuid>,
+    order_ids: Vec<i64>,
+    message_ids: Vec<Uuid>,
+    users: Vec<i64>,
+}
+
+impl LedgerRows {
+    fn of(inputs: &[OrderInput<'_>], eligible: &[usize]) -> Self {
+        let msgs = || eligible.iter().map(|&i| inputs[i].msg);
+        Self {
+            ledger_ids: eligible.iter().map(|&i| inputs[i].ledger_id).collect(),
+            reservations: msgs().map(|m| m.reservation_id).collect(),
+            order_ids: msgs().map(|m| m.order_id).collect(),
+            message_ids: msgs().map(|m| m.message_id).collect(),
+            users: msgs().map(|m| m.user_id).collect(),
+        }
+    }
+
+    fn len(&self) -> usize {
+        self.ledger_ids.len()
+    }
+}
+
+/// Takes a unit for each of `ledgers`' orders, in turn, and writes their ledger
+/// rows; returns the units taken. When the bucket holds fewer, the row is locked and
+/// what is left goes to the first orders.
+async fn take_units(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    turn: &mut AllocationTurn,
+    bucket: &OrderCreateMessage,
+    ledgers: &LedgerRows,
+) -> Result<usize, StoreError> {
+    let take = st.get(tx, TAKE_UNITS).await?;
+    let wanted = ledgers.len();
+    turn.wait().await;
+    if take_first(tx, &take, bucket, ledgers, wanted).await? {
+        return Ok(wanted);
+    }
+    let left: Option<i32> = tx
+        .query_opt(
+            &st.get(tx, super::LOCK_INVENTORY).await?,
+            &[
+                &bucket.activity_id,
+                &bucket.sku_id,
+                &bucket.inventory_bucket,
+            ],
+        )
+        .await?
+        .map(|row| row.get(0));
+    let units = usize::try_from(left.unwrap_or(0)).unwrap_or(0).min(wanted);
+    if units == 0 {
+        return Ok(0);
+    }
+    // The row is locked: the rest of the bucket is there to take.
+    if take_first(tx, &take, bucket, ledgers, units).await? {
+        Ok(units)
+    } else {
+        Err(StoreError::Anomaly("locked inventory row changed".into()))
+    }
+}
+
+/// Runs `TAKE_UNITS` for the first `units` orders; false if the bucket holds fewer.
+async fn take_first(
+    tx: &Transaction<'_>,
+    take: &tokio_postgres::Statement,
+    bucket: &OrderCreateMessage,
+    ledgers: &LedgerRows,
+    units: usize,
+) -> Result<bool, StoreError> {
+    let n = i32::try_from(units).map_err(|_| StoreError::Anomaly("segment too large".into()))?;
+    let (ids, reservations, orders, messages, users) = (
+        &ledgers.ledger_ids[..units],
+        &ledgers.reservations[..units],
+        &ledgers.order_ids[..units],
+        &ledgers.message_ids[..units],
+        &ledgers.users[..units],
+    );
+    let params: [&(dyn ToSql + Sync); 10] = [
+        &bucket.activity_id,
+        &bucket.sku_id,
+        &bucket.inventory_bucket,
+        &n,
+        &LedgerType::Allocate.code(),
+        &ids,
+        &reservations,
+        &orders,
+        &messages,
+        &users,
+    ];
+    let Some(row) = tx.query_opt(take, &params).await? else {
+        return Ok(false);
+    };
+    let written: i64 = row.get(0);
+    expect_rows(
+        u64::try_from(written).unwrap_or_default(),
+        units,
+        "allocate ledger rows for reservations without an order",
+    )?;
+    Ok(true)
 }
 
 const INSERT_INBOX: &str = "
@@ -416,24 +629,43 @@ INSERT INTO order_items (
 SELECT m.order_id, 1, $1::int8, $2::int8, $3::text, 1, m.unit_price, m.unit_price
 FROM unnest($4::int8[], $5::int8[]) AS m(order_id, unit_price)";
 
-/// The k-th granted order sees the bucket as if the units had been taken one at a
-/// time: its before values are the after values of order k-1.
-const INSERT_ALLOCATE_LEDGERS: &str = "
-INSERT INTO inventory_ledger (
-    ledger_id, idempotency_key, reservation_id, order_id, source_message_id,
-    activity_id, sku_id, user_id, inventory_bucket, ledger_type,
-    available_delta, allocated_delta,
-    before_available, after_available, before_allocated, after_allocated, reason
+/// Takes $4 units from the bucket if it holds them (as `ALLOCATE_UNITS`) and writes
+/// the ledger rows of the orders that get them, in one statement; no row when the
+/// bucket holds fewer. The k-th order sees the bucket as if the units had been taken
+/// one at a time: its before values are the after values of order k-1.
+const TAKE_UNITS: &str = "
+WITH taken AS (
+    UPDATE sku_inventory
+    SET available_stock = available_stock - $4,
+        allocated_stock = allocated_stock + $4,
+        version = version + $4,
+        updated_at = statement_timestamp()
+    WHERE activity_id = $1
+      AND sku_id = $2
+      AND bucket_no = $3
+      AND available_stock >= $4
+    RETURNING available_stock + $4 AS before_available,
+              allocated_stock - $4 AS before_allocated
+), ledger AS (
+    INSERT INTO inventory_ledger (
+        ledger_id, idempotency_key, reservation_id, order_id, source_message_id,
+        activity_id, sku_id, user_id, inventory_bucket, ledger_type,
+        available_delta, allocated_delta,
+        before_available, after_available, before_allocated, after_allocated, reason
+    )
+    SELECT m.ledger_id, 'ALLOCATE:' || m.reservation_id::text, m.reservation_id,
+           m.order_id, m.message_id, $1::int8, $2::int8, m.user_id, $3::int2, $5::int2,
+           -1, 1,
+           t.before_available - (m.k::int4 - 1), t.before_available - m.k::int4,
+           t.before_allocated + (m.k::int4 - 1), t.before_allocated + m.k::int4,
+           'ORDER_CREATED'
+    FROM taken AS t
+    CROSS JOIN unnest($6::int8[], $7::uuid[], $8::int8[], $9::uuid[], $10::int8[])
+         WITH ORDINALITY AS m(ledger_id, reservation_id, order_id, message_id, user_id, k)
+    ON CONFLICT (idempotency_key) DO NOTHING
+    RETURNING 1
 )
-SELECT m.ledger_id, 'ALLOCATE:' || m.reservation_id::text, m.reservation_id, m.order_id,
-       m.message_id, $1::int8, $2::int8, m.user_id, $3::int2, $4::int2,
-       -1, 1,
-       $5::int4 - (m.k::int4 - 1), $5::int4 - m.k::int4,
-       $6::int4 + (m.k::int4 - 1), $6::int4 + m.k::int4,
-       'ORDER_CREATED'
-FROM unnest($7::int8[], $8::uuid[], $9::int8[], $10::uuid[], $11::int8[]) WITH ORDINALITY
-     AS m(ledger_id, reservation_id, order_id, message_id, user_id, k)
-ON CONFLICT (idempotency_key) DO NOTHING";
+SELECT (SELECT count(*) FROM ledger) FROM taken";
 
 /// See `MARK_RESERVATION_ORDERED` for why the statuses are parameters.
 const MARK_RESERVATIONS_ORDERED: &str = "
