@@ -74,6 +74,9 @@ pub async fn create_orders(
     turn: &mut AllocationTurn,
 ) -> Result<(Vec<OrderOutcome>, u32), StoreError> {
     let mut attempt = 1;
+    // In-place retries are bounded by `max_attempts` whether or not a speculative
+    // attempt came first.
+    let mut in_place = 0;
     let mut speculate = ctx.speculate;
     loop {
         match create_orders_once(conn, ctx, inputs, turn, speculate).await {
@@ -85,7 +88,7 @@ pub async fn create_orders(
                 attempt += 1;
             }
             Err(StoreError::Db(e))
-                if attempt < ctx.max_attempts
+                if in_place + 1 < ctx.max_attempts
                     && e.code().is_some_and(|c| retry_in_place(c.code())) =>
             {
                 tracing::debug!(
@@ -94,7 +97,8 @@ pub async fn create_orders(
                 );
                 metrics::counter!("seckill_order_tx_retries_total", "reason" => "in_place")
                     .increment(1);
-                tokio::time::sleep(retry_delay(attempt)).await;
+                in_place += 1;
+                tokio::time::sleep(retry_delay(in_place)).await;
                 attempt += 1;
             }
             Err(e) => return Err(e),

@@ -353,10 +353,12 @@ pub(super) async fn run_fresh_segment(
     let currencies: Vec<&str> = msgs.iter().map(|m| m.currency.as_str()).collect();
     let order_expiry: Vec<DateTime<Utc>> = msgs.iter().map(|m| m.order_expire_at).collect();
     let reserved_at: Vec<DateTime<Utc>> = msgs.iter().map(|m| m.reserved_at).collect();
+    // The careful way computes this only for new messages, and reports it there.
     let expires: Vec<DateTime<Utc>> = msgs
         .iter()
         .map(|m| reservation_expires_at(m))
-        .collect::<Result<_, _>>()?;
+        .collect::<Result<_, _>>()
+        .map_err(|_| StoreError::Speculation)?;
     let all: Vec<usize> = (0..n).collect();
     let ledgers = LedgerRows::of(inputs, &all);
     let mut events = EventRows::default();
@@ -430,10 +432,11 @@ pub(super) async fn run_fresh_segment(
             take_first(tx, &take, bucket, &ledgers, n).await
         },
     );
-    for inserted in [inbox?, reservations?, orders?] {
-        if inserted != n as u64 {
-            return Err(StoreError::Speculation);
-        }
+    // In the order sent: a statement that failed only because an earlier one did
+    // not insert every row must not be taken for the cause.
+    let all_new = n as u64;
+    if inbox? != all_new || reservations? != all_new || orders? != all_new {
+        return Err(StoreError::Speculation);
     }
     expect_rows(items?, n, "order items")?;
     expect_rows(marked?, n, "reservations locked in PENDING_DB")?;
