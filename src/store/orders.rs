@@ -430,8 +430,7 @@ async fn order_body(
     }
 
     // 4. The final stock check: a conditional UPDATE on the message's own bucket (§9.4).
-    let taken = allocate(tx, st, turn, msg, 1).await?;
-    let Some(before) = taken.filter(|a| a.units == 1) else {
+    let Some(before) = allocate(tx, st, turn, msg).await? else {
         // The order row was inserted by this transaction a moment ago and nothing
         // references it yet, so it can simply go (§9.11).
         tx.execute(
@@ -608,59 +607,36 @@ async fn explain_order_conflict(
     )))
 }
 
-/// Units taken from a bucket, and the bucket as it was before.
+/// The bucket as it was before the unit was taken.
 #[derive(Debug, Clone, Copy)]
 struct Allocation {
-    units: i32,
     available: i32,
     allocated: i32,
 }
 
-/// Takes `min(wanted, available)` units from the message's bucket (§9.4): one
-/// conditional UPDATE for all of them, the common case; when the bucket holds fewer,
-/// it locks the row, reads what is left and takes that. `None`: nothing taken. The
-/// version moves by the units taken, as if they had been taken one at a time.
+/// Takes the message's unit from its bucket (§9.4), in turn: the conditional
+/// UPDATE. `None`: the bucket is empty.
 async fn allocate(
     tx: &Transaction<'_>,
     st: &mut StatementCache,
     turn: &mut AllocationTurn,
-    bucket: &OrderCreateMessage,
-    wanted: i32,
+    msg: &OrderCreateMessage,
 ) -> Result<Option<Allocation>, StoreError> {
-    let (activity, sku, no) = (
-        &bucket.activity_id,
-        &bucket.sku_id,
-        &bucket.inventory_bucket,
-    );
     let take = st.get(tx, ALLOCATE_UNITS).await?;
     turn.wait().await;
-    if let Some(row) = tx.query_opt(&take, &[activity, sku, no, &wanted]).await? {
-        return Ok(Some(Allocation::from_row(&row, wanted)));
-    }
-    if wanted == 1 {
-        return Ok(None);
-    }
-    let left: Option<i32> = tx
-        .query_opt(&st.get(tx, LOCK_INVENTORY).await?, &[activity, sku, no])
-        .await?
-        .map(|row| row.get(0));
-    let units = left.unwrap_or(0).min(wanted);
-    if units <= 0 {
-        return Ok(None);
-    }
-    // The row is locked: the rest of the bucket is there to take.
     let row = tx
-        .query_opt(&take, &[activity, sku, no, &units])
-        .await?
-        .ok_or_else(|| StoreError::Anomaly("locked inventory row changed".into()))?;
-    Ok(Some(Allocation::from_row(&row, units)))
+        .query_opt(
+            &take,
+            &[&msg.activity_id, &msg.sku_id, &msg.inventory_bucket, &1i32],
+        )
+        .await?;
+    Ok(row.map(|row| Allocation::from_row(&row)))
 }
 
 impl Allocation {
     /// From `ALLOCATE_UNITS`'s `before_available, before_allocated`.
-    fn from_row(row: &tokio_postgres::Row, units: i32) -> Self {
+    fn from_row(row: &tokio_postgres::Row) -> Self {
         Self {
-            units,
             available: row.get(0),
             allocated: row.get(1),
         }
@@ -938,7 +914,8 @@ SELECT order_id
 FROM orders
 WHERE activity_id = $1 AND sku_id = $2 AND user_id = $3";
 
-/// $4 units at once; `version` counts units taken (see `allocate`).
+/// $4 units at once (the per-message path takes 1; `set_based::TAKE_UNITS` is the
+/// same UPDATE with the ledger rows); `version` counts units taken.
 const ALLOCATE_UNITS: &str = "
 UPDATE sku_inventory
 SET available_stock = available_stock - $4,
@@ -952,12 +929,6 @@ WHERE activity_id = $1
 RETURNING
     available_stock + $4 AS before_available,
     allocated_stock - $4 AS before_allocated";
-
-const LOCK_INVENTORY: &str = "
-SELECT available_stock
-FROM sku_inventory
-WHERE activity_id = $1 AND sku_id = $2 AND bucket_no = $3
-FOR UPDATE";
 
 const DELETE_PROVISIONAL_ORDER: &str = "DELETE FROM orders WHERE order_id = $1";
 

@@ -499,7 +499,7 @@ async fn take_units(
     }
     let left: Option<i32> = tx
         .query_opt(
-            &st.get(tx, super::LOCK_INVENTORY).await?,
+            &st.get(tx, LOCK_INVENTORY).await?,
             &[
                 &bucket.activity_id,
                 &bucket.sku_id,
@@ -669,6 +669,12 @@ WITH taken AS (
     RETURNING 1
 )
 SELECT (SELECT count(*) FROM ledger) FROM taken";
+
+const LOCK_INVENTORY: &str = "
+SELECT available_stock
+FROM sku_inventory
+WHERE activity_id = $1 AND sku_id = $2 AND bucket_no = $3
+FOR UPDATE";
 
 /// See `MARK_RESERVATION_ORDERED` for why the statuses are parameters.
 const MARK_RESERVATIONS_ORDERED: &str = "
