@@ -149,7 +149,8 @@ async fn snapshot(db: &Client) -> Vec<String> {
     let queries = [
         "SELECT row(reservation_id, order_id, user_id, inventory_bucket, status)::text FROM orders",
         "SELECT row(bucket_no, total_stock, available_stock, allocated_stock, version)::text FROM sku_inventory",
-        "SELECT row(reservation_id, status, failure_code, order_id)::text FROM inventory_reservation",
+        "SELECT row(reservation_id, status, failure_code, order_id, version, ordered_at IS NULL)::text
+           FROM inventory_reservation",
         "SELECT row(message_id, result_code, order_id)::text FROM consumer_inbox",
         "SELECT row(order_id, reservation_id, ledger_type, before_available, after_available,
                     before_allocated, after_allocated)::text FROM inventory_ledger",

@@ -327,10 +327,11 @@ pub(super) async fn run_segment(
 /// bucket has units for. Every step of `run_segment` is sent at once, as if each
 /// inbox, reservation and order row were new and every order got a unit, and the
 /// inventory UPDATE follows as soon as the turn comes. When all of that held, the
-/// careful path would have sent the same statements with the same rows, only with
-/// the UPDATE before the order writes: the result is the same. When any of it did
-/// not, the segment fails with `Speculation` and the transaction is redone the
-/// careful way; nothing of this one commits.
+/// careful path would have written the same rows, with the UPDATE before the order
+/// writes and each reservation inserted PENDING_DB and then marked ORDERED, where
+/// this inserts it ORDERED: the result is the same. When any of it did not, the
+/// segment fails with `Speculation` and the transaction is redone the careful way;
+/// nothing of this one commits.
 pub(super) async fn run_fresh_segment(
     tx: &Transaction<'_>,
     st: &mut StatementCache,
@@ -365,16 +366,12 @@ pub(super) async fn run_fresh_segment(
     for msg in &msgs {
         events.push(order_created_event(msg));
     }
-    let (ordered, pending) = (
-        ReservationStatus::Ordered.code(),
-        ReservationStatus::PendingDb.code(),
-    );
+    let ordered = ReservationStatus::Ordered.code();
 
     let insert_inbox = st.get(tx, INSERT_INBOX).await?;
-    let insert_reservations = st.get(tx, INSERT_RESERVATIONS).await?;
+    let insert_reservations = st.get(tx, INSERT_ORDERED_RESERVATIONS).await?;
     let insert_orders = st.get(tx, INSERT_ORDERS).await?;
     let insert_items = st.get(tx, INSERT_ORDER_ITEMS).await?;
-    let mark_ordered = st.get(tx, MARK_RESERVATIONS_ORDERED).await?;
     let insert_events = st.get(tx, INSERT_EVENTS).await?;
     let take = st.get(tx, TAKE_UNITS).await?;
     let inbox_params: [&(dyn ToSql + Sync); 6] = [
@@ -385,7 +382,7 @@ pub(super) async fn run_fresh_segment(
         &hashes,
         &order_ids,
     ];
-    let reservation_params: [&(dyn ToSql + Sync); 9] = [
+    let reservation_params: [&(dyn ToSql + Sync); 11] = [
         &bucket.activity_id,
         &bucket.sku_id,
         &bucket.inventory_bucket,
@@ -395,6 +392,8 @@ pub(super) async fn run_fresh_segment(
         &users,
         &reserved_at,
         &expires,
+        &ordered,
+        &order_ids,
     ];
     let order_params: [&(dyn ToSql + Sync); 12] = [
         &bucket.activity_id,
@@ -417,15 +416,13 @@ pub(super) async fn run_fresh_segment(
         &order_ids,
         &prices,
     ];
-    let mark_params: [&(dyn ToSql + Sync); 4] = [&ordered, &pending, &reservation_ids, &order_ids];
     // Sent in this order; a statement after one that failed fails too (the
     // transaction is aborted), so the first failure in this order is the cause.
-    let (inbox, reservations, orders, items, marked, written, taken) = futures_util::join!(
+    let (inbox, reservations, orders, items, written, taken) = futures_util::join!(
         tx.execute(&insert_inbox, &inbox_params),
         tx.execute(&insert_reservations, &reservation_params),
         tx.execute(&insert_orders, &order_params),
         tx.execute(&insert_items, &items_params),
-        tx.execute(&mark_ordered, &mark_params),
         events.insert(tx, &insert_events),
         async {
             turn.wait().await;
@@ -439,7 +436,6 @@ pub(super) async fn run_fresh_segment(
         return Err(StoreError::Speculation);
     }
     expect_rows(items?, n, "order items")?;
-    expect_rows(marked?, n, "reservations locked in PENDING_DB")?;
     written?;
     if !taken? {
         return Err(StoreError::Speculation);
@@ -596,6 +592,25 @@ FROM unnest($4::uuid[], $5::uuid[], $6::uuid[], $7::int8[], $8::timestamptz[],
      AS m(reservation_id, request_id, message_id, user_id, reserved_at, expires_at)
 ON CONFLICT DO NOTHING
 RETURNING reservation_id";
+
+/// The fresh way's reservations, written as `MARK_RESERVATIONS_ORDERED` would leave
+/// them after `INSERT_RESERVATIONS`: ORDERED with their order, at version 1. One
+/// heap tuple per reservation instead of an inserted one and its updated copy, and
+/// four index entries instead of nine (the update changes the indexed `order_id`).
+const INSERT_ORDERED_RESERVATIONS: &str = "
+INSERT INTO inventory_reservation (
+    reservation_id, request_id, first_message_id, activity_id, sku_id, user_id,
+    inventory_bucket, quantity, status, order_id, redis_reserved_at, expires_at,
+    ordered_at, version
+)
+SELECT m.reservation_id, m.request_id, m.message_id, $1::int8, $2::int8, m.user_id,
+       $3::int2, 1, $10::int2, m.order_id, m.reserved_at, m.expires_at,
+       statement_timestamp(), 1
+FROM unnest($4::uuid[], $5::uuid[], $6::uuid[], $7::int8[], $8::timestamptz[],
+            $9::timestamptz[], $11::int8[])
+     AS m(reservation_id, request_id, message_id, user_id, reserved_at, expires_at,
+          order_id)
+ON CONFLICT DO NOTHING";
 
 /// `reservation_verdict`'s columns, then the reservation id; locked in key order so
 /// two transactions locking overlapping sets cannot deadlock.
