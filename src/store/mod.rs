@@ -13,7 +13,7 @@ pub mod payments;
 pub mod sweeps;
 
 use std::collections::HashMap;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use bb8_postgres::PostgresConnectionManager;
 use secrecy::ExposeSecret;
@@ -121,6 +121,19 @@ pub fn admin_pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Co
 pub struct PgConn {
     pub client: Client,
     pub statements: StatementCache,
+    /// When the server last answered a liveness check on this connection.
+    checked_at: Instant,
+}
+
+impl PgConn {
+    /// A connection that has just been opened, with no statement prepared yet.
+    pub fn new(client: Client) -> Self {
+        Self {
+            client,
+            statements: StatementCache::default(),
+            checked_at: Instant::now(),
+        }
+    }
 }
 
 /// The per-connection statement cache, keyed by the static SQL text.
@@ -154,20 +167,30 @@ impl bb8::ManageConnection for PgManager {
 
     async fn connect(&self) -> Result<PgConn, tokio_postgres::Error> {
         let client = self.inner.connect().await?;
-        Ok(PgConn {
-            client,
-            statements: StatementCache::default(),
-        })
+        Ok(PgConn::new(client))
     }
 
+    /// The check is a round trip, and a checkout happens for every order transaction.
+    /// It only narrows the window in which a dead backend is handed out: a backend can
+    /// die in the middle of a transaction anyway, and every caller handles that. So a
+    /// connection that answered a check within `RECHECK_AFTER` is taken as alive.
     async fn is_valid(&self, conn: &mut PgConn) -> Result<(), tokio_postgres::Error> {
-        self.inner.is_valid(&mut conn.client).await
+        if conn.checked_at.elapsed() < RECHECK_AFTER {
+            return Ok(());
+        }
+        self.inner.is_valid(&mut conn.client).await?;
+        conn.checked_at = Instant::now();
+        Ok(())
     }
 
     fn has_broken(&self, conn: &mut PgConn) -> bool {
         conn.client.is_closed()
     }
 }
+
+/// How long a pooled connection that answered a liveness check is handed out without
+/// another one.
+const RECHECK_AFTER: Duration = Duration::from_secs(1);
 
 /// Builds the pool without connecting; the first `get` opens connections. Create it on
 /// a runtime that lives as long as the engine: connection tasks are spawned there.

@@ -119,7 +119,9 @@ async fn create_orders_once(
     turn: &mut AllocationTurn,
     speculate: bool,
 ) -> Result<Vec<OrderOutcome>, StoreError> {
-    let PgConn { client, statements } = conn;
+    let PgConn {
+        client, statements, ..
+    } = conn;
     let tx = client.transaction().await?;
     let st = statements;
 
@@ -833,7 +835,9 @@ pub async fn load_bucket_sku(
     sku_id: i64,
     bucket: i16,
 ) -> Result<Option<String>, StoreError> {
-    let PgConn { client, statements } = conn;
+    let PgConn {
+        client, statements, ..
+    } = conn;
     let stmt = statements.get(&*client, LOAD_BUCKET_SKU).await?;
     let row = client
         .query_opt(&stmt, &[&activity_id, &sku_id, &bucket])

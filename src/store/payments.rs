@@ -29,7 +29,9 @@ pub async fn apply_callback(
     topic: &str,
     cb: &PaymentCallback,
 ) -> Result<PaymentOutcome, StoreError> {
-    let PgConn { client, statements } = conn;
+    let PgConn {
+        client, statements, ..
+    } = conn;
     let tx = client.transaction().await?;
     let st = statements;
     let message_id = cb.inbox_message_id();

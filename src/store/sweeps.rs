@@ -26,7 +26,9 @@ pub async fn cancel_next_expired(
     conn: &mut PgConn,
     ledger_id: i64,
 ) -> Result<Option<Cancelled>, StoreError> {
-    let PgConn { client, statements } = conn;
+    let PgConn {
+        client, statements, ..
+    } = conn;
     let tx = client.transaction().await?;
     let st = statements;
     let Some(candidate) = tx

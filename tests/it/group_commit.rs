@@ -16,7 +16,7 @@ use proptest::test_runner::{Config, TestRunner};
 use seckill_engine::domain::message::OrderCreateMessage;
 use seckill_engine::domain::outcome::OrderOutcome;
 use seckill_engine::store::orders::{create_orders, AllocationTurn, OrderInput, OrderTxContext};
-use seckill_engine::store::{PgConn, StatementCache};
+use seckill_engine::store::PgConn;
 use tokio_postgres::Client;
 
 use crate::common::builders::{self, order, resend};
@@ -95,10 +95,7 @@ fn context(speculate: bool) -> OrderTxContext {
 }
 
 fn connection(client: Client) -> PgConn {
-    PgConn {
-        client,
-        statements: StatementCache::default(),
-    }
+    PgConn::new(client)
 }
 
 /// Runs `msgs` in order, `chunks[i]` of them per transaction (cycling).
