@@ -173,9 +173,12 @@ impl bb8::ManageConnection for PgManager {
     /// The check is a round trip, and a checkout happens for every order transaction.
     /// It only narrows the window in which a dead backend is handed out: a backend can
     /// die in the middle of a transaction anyway, and every caller handles that. So a
-    /// connection that answered a check within `RECHECK_AFTER` is taken as alive.
+    /// connection that answered a check within `RECHECK_AFTER` is taken as alive,
+    /// unless its connection task has already seen the server go (a terminated
+    /// backend sends FATAL and closes): then the check fails at once and the pool
+    /// opens another connection instead of handing out one that cannot work.
     async fn is_valid(&self, conn: &mut PgConn) -> Result<(), tokio_postgres::Error> {
-        if conn.checked_at.elapsed() < RECHECK_AFTER {
+        if !conn.client.is_closed() && conn.checked_at.elapsed() < RECHECK_AFTER {
             return Ok(());
         }
         self.inner.is_valid(&mut conn.client).await?;
