@@ -146,18 +146,22 @@ async fn one_message_delivered_a_thousand_times_has_one_effect() {
     let engine = EngineHandle::start(&env.settings).await;
     let amqp = env.amqp().await;
     builders::publish(&env, &amqp, &copies).await;
-    // Settled means: the one inbox row exists and no copy is left in any queue.
+    // Settled means: the one inbox row exists and every copy was acked. An empty
+    // queue with nothing in flight is not enough: copies delivered to the engine but
+    // not yet taken by its intake are neither ready nor in flight.
     let channel = amqp.create_channel().await.unwrap();
     let drained = wait_until(settle(), || async {
         let queue = env.names.order_queue(0);
         count(&db, "SELECT count(*) FROM consumer_inbox").await == 1
+            && engine.stats.acks().messages() >= copies.len() as u64
             && env.ready_count(&channel, &queue).await == 0
             && engine.stats.in_flight() == 0
     })
     .await;
     assert!(
         drained,
-        "copies still in flight: {}",
+        "copies acked: {}, in flight: {}",
+        engine.stats.acks().messages(),
         engine.stats.in_flight()
     );
     engine.stop().await;
