@@ -149,17 +149,23 @@ pub async fn compensation_review(pool: &Pool, limit: i64) -> Result<Vec<ReviewTa
         .collect())
 }
 
-// The pending counts use the partial/claim indexes' leading columns; both tables are
-// small in steady state (SENT rows are purged, DONE tasks are few per order).
+// Every count and minimum reads one partial index (the claim, lease-recovery and
+// terminal-state indexes), never the whole table: SENT outbox rows stay for a day,
+// and this runs every few seconds. A predicate spanning two partial indexes matches
+// neither, hence the sums and LEAST (which skips NULLs) of separate subqueries.
 const BACKLOG: &str = "
 SELECT
-    (SELECT count(*) FROM event_outbox WHERE status IN (0, 10, 30)),
-    COALESCE((SELECT EXTRACT(EPOCH FROM statement_timestamp() - min(created_at))::float8
-              FROM event_outbox WHERE status IN (0, 10, 30)), 0),
+    (SELECT count(*) FROM event_outbox WHERE status IN (0, 30))
+        + (SELECT count(*) FROM event_outbox WHERE status = 10),
+    COALESCE(EXTRACT(EPOCH FROM statement_timestamp() - LEAST(
+        (SELECT min(created_at) FROM event_outbox WHERE status IN (0, 30)),
+        (SELECT min(created_at) FROM event_outbox WHERE status = 10)))::float8, 0),
     (SELECT count(*) FROM event_outbox WHERE status = 40),
-    (SELECT count(*) FROM compensation_task WHERE status IN (0, 10, 30)),
-    COALESCE((SELECT EXTRACT(EPOCH FROM statement_timestamp() - min(created_at))::float8
-              FROM compensation_task WHERE status IN (0, 10, 30)), 0),
+    (SELECT count(*) FROM compensation_task WHERE status IN (0, 30))
+        + (SELECT count(*) FROM compensation_task WHERE status = 10),
+    COALESCE(EXTRACT(EPOCH FROM statement_timestamp() - LEAST(
+        (SELECT min(created_at) FROM compensation_task WHERE status IN (0, 30)),
+        (SELECT min(created_at) FROM compensation_task WHERE status = 10)))::float8, 0),
     (SELECT count(*) FROM compensation_task WHERE status IN (40, 50))";
 
 const OUTBOX_SUMMARY: &str = "
