@@ -335,6 +335,34 @@ pub async fn count(db: &Client, sql: &str) -> i64 {
     db.query_one(sql, &[]).await.expect(sql).get(0)
 }
 
+/// The tables among `tables` that were read sequentially, with their scan counts,
+/// once the statistics of `backend` (the session that ran the statements under test)
+/// are flushed and `db` takes a fresh snapshot of them.
+pub async fn sequential_scans(
+    backend: &Client,
+    db: &Client,
+    tables: &[&str],
+) -> Vec<(String, i64)> {
+    backend
+        .batch_execute("SELECT pg_stat_force_next_flush()")
+        .await
+        .expect("flush statistics");
+    db.batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .expect("fresh statistics snapshot");
+    db.query(
+        "SELECT relname::text, seq_scan FROM pg_stat_user_tables
+         WHERE relname = ANY ($1) AND seq_scan > 0
+         ORDER BY relname",
+        &[&tables],
+    )
+    .await
+    .expect("table statistics")
+    .iter()
+    .map(|r| (r.get(0), r.get(1)))
+    .collect()
+}
+
 /// Asserts that every §13.3 invariant holds.
 pub async fn assert_invariants(db: &Client) {
     let results = seckill_engine::store::invariants::run_checks(db, None)

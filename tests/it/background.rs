@@ -27,7 +27,8 @@ use tokio_postgres::Client;
 use crate::common::builders::{self, order};
 use crate::common::engine::EngineHandle;
 use crate::common::{
-    assert_invariants, count, redis_stocks, target_of, wait_until, Switch, TestEnv,
+    assert_invariants, count, redis_stocks, sequential_scans, target_of, wait_until, Switch,
+    TestEnv,
 };
 
 const SETTLE: Duration = Duration::from_secs(180);
@@ -879,28 +880,9 @@ async fn the_backlog_gauges_count_without_reading_whole_tables() {
         (5, 1, 3, 2)
     );
     assert!(backlog.outbox_oldest_pending_age_seconds >= 0.0);
-    // The pool's only backend's counters, made visible to the next snapshot.
-    pool.get()
-        .await
-        .unwrap()
-        .client
-        .batch_execute("SELECT pg_stat_force_next_flush()")
-        .await
-        .expect("flush statistics");
-    db.batch_execute("SELECT pg_stat_clear_snapshot()")
-        .await
-        .expect("fresh statistics snapshot");
-    let scans: Vec<(String, i64)> = db
-        .query(
-            "SELECT relname::text, seq_scan FROM pg_stat_user_tables
-             WHERE relname IN ('event_outbox', 'compensation_task') AND seq_scan > 0",
-            &[],
-        )
-        .await
-        .expect("table statistics")
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let backend = pool.get().await.unwrap();
+    let scans =
+        sequential_scans(&backend.client, &db, &["event_outbox", "compensation_task"]).await;
     assert_eq!(scans, vec![], "the backlog gauges read these tables whole");
     env.cleanup().await;
 }

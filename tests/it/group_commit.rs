@@ -20,7 +20,7 @@ use seckill_engine::store::PgConn;
 use tokio_postgres::Client;
 
 use crate::common::builders::{self, order, resend};
-use crate::common::{assert_invariants, count, TestEnv};
+use crate::common::{assert_invariants, count, sequential_scans, TestEnv};
 
 /// One message of a mix.
 #[derive(Debug, Clone)]
@@ -337,27 +337,19 @@ async fn small_batches_on_fresh_tables_never_scan_them() {
     // Both ways: speculative batches, then careful ones.
     run_on(&mut conn, &msgs[..200], &[4], true).await;
     run_on(&mut conn, &msgs[200..], &[4], false).await;
-    // This backend's counters, made visible to the next snapshot.
-    conn.client
-        .batch_execute("SELECT pg_stat_force_next_flush()")
-        .await
-        .expect("flush statistics");
-    db.batch_execute("SELECT pg_stat_clear_snapshot()")
-        .await
-        .expect("fresh statistics snapshot");
-    let scans: Vec<(String, i64)> = db
-        .query(
-            "SELECT relname::text, seq_scan FROM pg_stat_user_tables
-             WHERE relname IN ('inventory_reservation', 'orders', 'consumer_inbox',
-                               'inventory_ledger', 'event_outbox', 'order_items')
-               AND seq_scan > 0",
-            &[],
-        )
-        .await
-        .expect("table statistics")
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let scans = sequential_scans(
+        &conn.client,
+        &db,
+        &[
+            "inventory_reservation",
+            "orders",
+            "consumer_inbox",
+            "inventory_ledger",
+            "event_outbox",
+            "order_items",
+        ],
+    )
+    .await;
     assert_eq!(
         scans,
         vec![],
