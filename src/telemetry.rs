@@ -35,6 +35,10 @@ const COMMIT_LATENCY_BUCKETS: &[f64] = &[
     2.5, 5.0, 10.0, 30.0,
 ];
 
+/// Buckets of `seckill_order_batch_size`: powers of two up to the largest
+/// `engine.batch_max_size` worth trying.
+const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
+
 static METRICS: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
 /// Installs the process-wide Prometheus recorder (once) and returns its handle;
@@ -48,6 +52,11 @@ pub fn metrics() -> Option<&'static PrometheusHandle> {
                 .set_buckets_for_metric(
                     Matcher::Full(crate::actors::bucket::COMMIT_LATENCY.into()),
                     COMMIT_LATENCY_BUCKETS,
+                )
+                .ok()?
+                .set_buckets_for_metric(
+                    Matcher::Full(crate::actors::bucket::BATCH_SIZE.into()),
+                    BATCH_SIZE_BUCKETS,
                 )
                 .ok()?;
             let handle = builder.install_recorder().ok()?;

@@ -131,6 +131,7 @@ impl BucketActor {
             return false;
         }
         self.running += 1;
+        metrics::histogram!("seckill_order_batch_size").record(n as f64);
         let mut runs = Vec::with_capacity(n);
         let mut replies = Vec::with_capacity(n);
         let mut keys = Vec::with_capacity(n * 6);
@@ -294,6 +295,9 @@ fn record_commit_latency(msg: &OrderCreateMessage, committed_at: chrono::DateTim
 /// the other `*_seconds` histograms (`telemetry`), for latency objectives in tens of
 /// milliseconds.
 pub const COMMIT_LATENCY: &str = "seckill_order_commit_latency_seconds";
+
+/// Orders per transaction a bucket actor starts (the name recorded in `start_batch`).
+pub const BATCH_SIZE: &str = "seckill_order_batch_size";
 
 fn log_failed(
     shared: &BucketShared,
