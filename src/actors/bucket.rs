@@ -144,7 +144,8 @@ impl BucketActor {
             *self.running_keys.entry(*k).or_default() += 1;
         }
         let (shared, key, cached) = (self.shared.clone(), self.key, self.sku_title.clone());
-        let speculate = self.speculate;
+        // One message per transaction is the seed's per-message path, unchanged.
+        let speculate = self.speculate && self.shared.batch_max_size > 1;
         let (mut turn, next) = AllocationTurn::after(self.last_turn.take());
         self.last_turn = Some(next);
         let work = async move {

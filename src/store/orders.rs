@@ -44,9 +44,10 @@ pub struct OrderTxContext {
     pub lock_timeout: String,
     pub statement_timeout: String,
     pub max_attempts: u32,
-    /// Send a batch's segments in one round trip each, as new messages whose units
-    /// the bucket holds (`set_based::run_fresh_segment`); redone the careful way
-    /// when they are not.
+    /// Send a batch's segments, a single message too, in one round trip each, as
+    /// new messages whose units the bucket holds (`set_based::run_fresh_segment`);
+    /// redone the careful way when they are not. Off, a segment of one message takes
+    /// the seed's per-message path (`order_body`).
     pub speculate: bool,
 }
 
@@ -132,10 +133,10 @@ async fn create_orders_once(
     let body = async {
         let mut outcomes = Vec::with_capacity(inputs.len());
         for segment in segments(inputs) {
-            if let [input] = segment {
-                outcomes.push(order_body(&tx, st, ctx, input, turn).await?);
-            } else if speculate {
+            if speculate {
                 outcomes.extend(set_based::run_fresh_segment(&tx, st, ctx, segment, turn).await?);
+            } else if let [input] = segment {
+                outcomes.push(order_body(&tx, st, ctx, input, turn).await?);
             } else {
                 outcomes.extend(set_based::run_segment(&tx, st, ctx, segment, turn).await?);
             }

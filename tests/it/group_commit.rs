@@ -264,7 +264,7 @@ fn inputs(msgs: &[OrderCreateMessage]) -> Vec<OrderInput<'_>> {
 #[tokio::test]
 async fn a_speculative_batch_is_redone_carefully_unless_all_new_with_units() {
     let env = TestEnv::new().await;
-    builders::activity(&mut env.db().await, 64, 1, 12, 1).await;
+    builders::activity(&mut env.db().await, 64, 1, 13, 1).await;
     let mut conn = connection(env.db().await);
     let fresh: Vec<_> = (1..=10).map(|u| order(64, 1, u, 0)).collect();
     // A redelivery while the bucket still holds the units: the row counts tell, not
@@ -287,12 +287,16 @@ async fn a_speculative_batch_is_redone_carefully_unless_all_new_with_units() {
         speculate(&mut conn, &again).await,
         (vec!["created", "duplicate"], 2)
     );
+    // A batch of one message speculates too.
+    let single = [order(64, 1, 31, 0)];
+    assert_eq!(speculate(&mut conn, &single).await, (vec!["created"], 1));
+    assert_eq!(speculate(&mut conn, &single).await, (vec!["duplicate"], 2));
     assert_eq!(
         speculate(&mut conn, &short).await,
         (vec!["created", "sold_out", "sold_out", "sold_out"], 2)
     );
     let db = env.db().await;
-    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 12);
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 13);
     assert_invariants(&db).await;
     env.cleanup().await;
 }
