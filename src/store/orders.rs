@@ -10,9 +10,11 @@
 //! share a key the order rows are unique on (message, reservation, request, order id
 //! or number, user) or differ in bucket. A segment of several messages runs with
 //! set-based statements (`set_based`), one statement per step for all of them and one
-//! conditional inventory UPDATE; a segment of one message runs the per-message body.
-//! Segments run one after the other, each seeing the ones before it, so every message
-//! gets the outcome it would get alone; one message is exactly the per-message path.
+//! conditional inventory UPDATE; a segment of one message runs the per-message body,
+//! unless the transaction speculates (`OrderTxContext::speculate`), which sends every
+//! segment in one round trip. Segments run one after the other, each seeing the ones
+//! before it, so every message gets the outcome it would get alone; one message
+//! without speculation is exactly the per-message path.
 
 use std::time::Duration;
 
