@@ -656,12 +656,17 @@ async fn group_commit_in_the_engine_keeps_every_promise_and_isolates_a_bad_messa
         "the losing one of the clashing pair is dead-lettered, with its redelivered copy"
     );
     let queue = env.names.order_queue(0);
+    // Acked too: a copy delivered to the engine but not yet taken by its intake is
+    // neither ready nor in flight.
     assert!(
         wait_until(settle(), || async {
-            env.ready_count(&channel, &queue).await == 0 && engine.stats.in_flight() == 0
+            engine.stats.acks().messages() >= msgs.len() as u64
+                && env.ready_count(&channel, &queue).await == 0
+                && engine.stats.in_flight() == 0
         })
         .await,
-        "every copy settles"
+        "every copy settles: {} acked",
+        engine.stats.acks().messages()
     );
     let stats = engine.stats.clone();
     engine.stop().await;
