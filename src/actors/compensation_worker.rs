@@ -116,8 +116,9 @@ impl Service for CompensationWorker {
 
 impl Inner {
     async fn run_once(&self) -> Result<Outcome, ServiceError> {
-        let conn = self.pool.get().await.map_err(StoreError::from)?;
-        let tasks = compensation::claim(&conn.client, &self.owner, self.config.batch_size).await?;
+        let mut conn = self.pool.get().await.map_err(StoreError::from)?;
+        let tasks =
+            compensation::claim(&mut conn.client, &self.owner, self.config.batch_size).await?;
         let claimed = tasks.len();
         let (mut done, mut failed, mut dead, mut manual) = (0u64, 0u64, 0u64, 0u64);
         for task in &tasks {

@@ -163,13 +163,13 @@ impl Inner {
         if self.yields() {
             return Ok(Outcome::default());
         }
-        let conn = self
+        let mut conn = self
             .pool
             .get()
             .await
             .map_err(crate::store::StoreError::from)?;
         let recovered = outbox::recover_expired_leases(&conn.client, self.config.lease).await?;
-        let events = outbox::claim(&conn.client, &self.owner, self.config.batch_size).await?;
+        let events = outbox::claim(&mut conn.client, &self.owner, self.config.batch_size).await?;
         let claimed = events.len();
         self.last_claim.set(Some(Instant::now()));
         let oldest = events.iter().map(|e| e.created_at).min();

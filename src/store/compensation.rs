@@ -113,11 +113,14 @@ pub struct ClaimedTask {
 }
 
 pub async fn claim(
-    client: &Client,
+    client: &mut Client,
     owner: &str,
     limit: i64,
 ) -> Result<Vec<ClaimedTask>, StoreError> {
-    let rows = client.query(CLAIM, &[&limit, &owner]).await?;
+    let tx = client.transaction().await?;
+    tx.batch_execute(super::CLAIM_PLAN).await?;
+    let rows = tx.query(CLAIM, &[&limit, &owner]).await?;
+    tx.commit().await?;
     Ok(rows
         .iter()
         .map(|r| ClaimedTask {

@@ -128,11 +128,14 @@ pub async fn recover_expired_leases(client: &Client, lease: Duration) -> Result<
 
 /// Claims up to `limit` ready rows for `owner` and commits the claim.
 pub async fn claim(
-    client: &Client,
+    client: &mut Client,
     owner: &str,
     limit: i64,
 ) -> Result<Vec<ClaimedEvent>, StoreError> {
-    let rows = client.query(CLAIM, &[&limit, &owner]).await?;
+    let tx = client.transaction().await?;
+    tx.batch_execute(super::CLAIM_PLAN).await?;
+    let rows = tx.query(CLAIM, &[&limit, &owner]).await?;
+    tx.commit().await?;
     Ok(rows
         .iter()
         .map(|r| ClaimedEvent {

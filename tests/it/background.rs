@@ -353,8 +353,8 @@ async fn a_publisher_that_died_after_publishing_is_replaced_and_the_event_comes_
 
     // The dying publisher: claims, publishes with confirms, dies before SENT.
     let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
-    let conn = pool.get().await.unwrap();
-    let claimed = seckill_engine::store::outbox::claim(&conn.client, "dying-publisher", 100)
+    let mut conn = pool.get().await.unwrap();
+    let claimed = seckill_engine::store::outbox::claim(&mut conn.client, "dying-publisher", 100)
         .await
         .unwrap();
     assert_eq!(claimed.len(), 20);
@@ -587,8 +587,8 @@ impl Service for PanicOnce {
         let pool = self.pool.clone();
         let owner = self.inner.owner().to_owned();
         Box::pin(async move {
-            let conn = pool.get().await.unwrap();
-            let claimed = seckill_engine::store::outbox::claim(&conn.client, &owner, 1_000)
+            let mut conn = pool.get().await.unwrap();
+            let claimed = seckill_engine::store::outbox::claim(&mut conn.client, &owner, 1_000)
                 .await
                 .unwrap();
             assert!(!claimed.is_empty());
@@ -831,6 +831,85 @@ async fn sent_events_are_deleted_after_the_retention_period() {
         )
         .await,
         5
+    );
+    env.cleanup().await;
+}
+
+/// During a sale nearly every event waits in the outbox, and the publisher claims a
+/// batch every second; a mass cancellation queues compensation tasks the same way.
+/// Each claim must read its batch from the ready index, in order, never every ready
+/// row, on tables never analyzed (autovacuum may be off).
+#[actix_rt::test]
+async fn batch_claims_read_their_batch_not_the_whole_backlog() {
+    let env = TestEnv::new().await;
+    let db = env.db().await;
+    db.batch_execute(
+        "INSERT INTO event_outbox (event_id, dedup_key, aggregate_type, aggregate_id, topic,
+                                   tag, message_key, schema_version, payload, status)
+         SELECT gen_random_uuid(), 'T:' || g, 'ORDER', g::text, 'SECKILL_EVENTS', 'T',
+                g::text, 1, '{\"n\": 1}'::jsonb, 0
+         FROM generate_series(1, 20000) AS g;
+         INSERT INTO compensation_task (task_id, idempotency_key, task_type, payload, status)
+         SELECT gen_random_uuid(), 'T:' || g, 10, '{}'::jsonb, 0
+         FROM generate_series(1, 20000) AS g;",
+    )
+    .await
+    .expect("waiting rows");
+    let mut one = env.settings.database.clone();
+    one.pool_size = 1;
+    let pool = seckill_engine::store::build_pool(&one).unwrap();
+    let mut backend = pool.get().await.unwrap();
+
+    let events = seckill_engine::store::outbox::claim(&mut backend.client, "claimer", 200)
+        .await
+        .unwrap();
+    let tasks = seckill_engine::store::compensation::claim(&mut backend.client, "claimer", 50)
+        .await
+        .unwrap();
+    let mut got: Vec<uuid::Uuid> = events.iter().map(|e| e.event_id).collect();
+    got.sort();
+    let mut first: Vec<uuid::Uuid> = db
+        .query(
+            "SELECT event_id FROM event_outbox ORDER BY available_at, created_at, event_id
+             LIMIT 200",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    first.sort();
+    assert_eq!(
+        got, first,
+        "the outbox claim takes the first 200 in the index's order"
+    );
+    assert_eq!(tasks.len(), 50);
+
+    backend
+        .client
+        .batch_execute("SELECT pg_stat_force_next_flush()")
+        .await
+        .unwrap();
+    db.batch_execute("SELECT pg_stat_clear_snapshot()")
+        .await
+        .unwrap();
+    let read: Vec<(String, i64)> = db
+        .query(
+            "SELECT indexrelname::text, idx_tup_read FROM pg_stat_user_indexes
+             WHERE indexrelname IN ('idx_outbox_ready', 'idx_compensation_ready')
+             ORDER BY 1",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(read.len(), 2, "{read:?}");
+    assert!(
+        read.iter().all(|(_, n)| *n < 1_000),
+        "index entries read for batches of 200 and 50: {read:?}"
     );
     env.cleanup().await;
 }
