@@ -343,6 +343,42 @@ pub async fn sequential_scans(
     db: &Client,
     tables: &[&str],
 ) -> Vec<(String, i64)> {
+    statistics(
+        backend,
+        db,
+        "SELECT relname::text, seq_scan FROM pg_stat_user_tables
+         WHERE relname = ANY ($1) AND seq_scan > 0
+         ORDER BY relname",
+        tables,
+    )
+    .await
+}
+
+/// The entries read from each of `indexes` by index scans, read like `sequential_scans`.
+pub async fn index_entries_read(
+    backend: &Client,
+    db: &Client,
+    indexes: &[&str],
+) -> Vec<(String, i64)> {
+    statistics(
+        backend,
+        db,
+        "SELECT indexrelname::text, idx_tup_read FROM pg_stat_user_indexes
+         WHERE indexrelname = ANY ($1)
+         ORDER BY indexrelname",
+        indexes,
+    )
+    .await
+}
+
+/// Flushes the statistics of `backend`, takes a fresh snapshot in `db` and runs
+/// `sql` (name, count) for `names`.
+async fn statistics(
+    backend: &Client,
+    db: &Client,
+    sql: &str,
+    names: &[&str],
+) -> Vec<(String, i64)> {
     backend
         .batch_execute("SELECT pg_stat_force_next_flush()")
         .await
@@ -350,17 +386,12 @@ pub async fn sequential_scans(
     db.batch_execute("SELECT pg_stat_clear_snapshot()")
         .await
         .expect("fresh statistics snapshot");
-    db.query(
-        "SELECT relname::text, seq_scan FROM pg_stat_user_tables
-         WHERE relname = ANY ($1) AND seq_scan > 0
-         ORDER BY relname",
-        &[&tables],
-    )
-    .await
-    .expect("table statistics")
-    .iter()
-    .map(|r| (r.get(0), r.get(1)))
-    .collect()
+    db.query(sql, &[&names])
+        .await
+        .expect("statistics")
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect()
 }
 
 /// Asserts that every §13.3 invariant holds.

@@ -27,8 +27,8 @@ use tokio_postgres::Client;
 use crate::common::builders::{self, order};
 use crate::common::engine::EngineHandle;
 use crate::common::{
-    assert_invariants, count, redis_stocks, sequential_scans, target_of, wait_until, Switch,
-    TestEnv,
+    assert_invariants, count, index_entries_read, redis_stocks, sequential_scans, target_of,
+    wait_until, Switch, TestEnv,
 };
 
 const SETTLE: Duration = Duration::from_secs(180);
@@ -886,26 +886,12 @@ async fn batch_claims_read_their_batch_not_the_whole_backlog() {
     );
     assert_eq!(tasks.len(), 50);
 
-    backend
-        .client
-        .batch_execute("SELECT pg_stat_force_next_flush()")
-        .await
-        .unwrap();
-    db.batch_execute("SELECT pg_stat_clear_snapshot()")
-        .await
-        .unwrap();
-    let read: Vec<(String, i64)> = db
-        .query(
-            "SELECT indexrelname::text, idx_tup_read FROM pg_stat_user_indexes
-             WHERE indexrelname IN ('idx_outbox_ready', 'idx_compensation_ready')
-             ORDER BY 1",
-            &[],
-        )
-        .await
-        .unwrap()
-        .iter()
-        .map(|r| (r.get(0), r.get(1)))
-        .collect();
+    let read = index_entries_read(
+        &backend.client,
+        &db,
+        &["idx_outbox_ready", "idx_compensation_ready"],
+    )
+    .await;
     assert_eq!(read.len(), 2, "{read:?}");
     assert!(
         read.iter().all(|(_, n)| *n < 1_000),
