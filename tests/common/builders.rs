@@ -166,3 +166,39 @@ pub async fn publish_payments(
         }
     }
 }
+
+/// One outbox event per entry of `statuses`, in order: SENDING ones (10) hold a lease,
+/// SENT ones (20) carry `sent_at`, the rest are as the order path writes them.
+pub async fn outbox_events(db: &Client, statuses: &[i16]) {
+    db.execute(
+        "INSERT INTO event_outbox (event_id, dedup_key, aggregate_type, aggregate_id, topic,
+                                   tag, message_key, schema_version, payload, status,
+                                   locked_by, locked_at, sent_at)
+         SELECT gen_random_uuid(), 'T:' || g, 'ORDER', g::text, 'SECKILL_EVENTS', 'T',
+                g::text, 1, '{\"n\": 1}'::jsonb, s,
+                CASE WHEN s = 10 THEN 'test' END,
+                CASE WHEN s = 10 THEN statement_timestamp() END,
+                CASE WHEN s = 20 THEN statement_timestamp() END
+         FROM unnest($1::smallint[]) WITH ORDINALITY AS t(s, g)",
+        &[&statuses],
+    )
+    .await
+    .expect("outbox events");
+}
+
+/// One compensation task per entry of `statuses`, in order: RUNNING ones (10) hold a
+/// lease, DONE ones (20) carry `completed_at`.
+pub async fn compensation_tasks(db: &Client, statuses: &[i16]) {
+    db.execute(
+        "INSERT INTO compensation_task (task_id, idempotency_key, task_type, payload, status,
+                                        locked_by, locked_at, completed_at)
+         SELECT gen_random_uuid(), 'T:' || g, 10, '{}'::jsonb, s,
+                CASE WHEN s = 10 THEN 'test' END,
+                CASE WHEN s = 10 THEN statement_timestamp() END,
+                CASE WHEN s = 20 THEN statement_timestamp() END
+         FROM unnest($1::smallint[]) WITH ORDINALITY AS t(s, g)",
+        &[&statuses],
+    )
+    .await
+    .expect("compensation tasks");
+}

@@ -181,6 +181,14 @@ impl TestEnv {
             .expect("connect to the test database")
     }
 
+    /// The engine's pool on the test database, with a single connection: statistics
+    /// read afterwards (`sequential_scans`) belong to that one backend.
+    pub fn one_connection_pool(&self) -> store::Pool {
+        let mut one = self.settings.database.clone();
+        one.pool_size = 1;
+        store::build_pool(&one).expect("pool")
+    }
+
     pub async fn amqp(&self) -> lapin::Connection {
         seckill_engine::mq::connect(&self.settings.amqp, "seckill-test")
             .await

@@ -843,21 +843,9 @@ async fn sent_events_are_deleted_after_the_retention_period() {
 async fn batch_claims_read_their_batch_not_the_whole_backlog() {
     let env = TestEnv::new().await;
     let db = env.db().await;
-    db.batch_execute(
-        "INSERT INTO event_outbox (event_id, dedup_key, aggregate_type, aggregate_id, topic,
-                                   tag, message_key, schema_version, payload, status)
-         SELECT gen_random_uuid(), 'T:' || g, 'ORDER', g::text, 'SECKILL_EVENTS', 'T',
-                g::text, 1, '{\"n\": 1}'::jsonb, 0
-         FROM generate_series(1, 20000) AS g;
-         INSERT INTO compensation_task (task_id, idempotency_key, task_type, payload, status)
-         SELECT gen_random_uuid(), 'T:' || g, 10, '{}'::jsonb, 0
-         FROM generate_series(1, 20000) AS g;",
-    )
-    .await
-    .expect("waiting rows");
-    let mut one = env.settings.database.clone();
-    one.pool_size = 1;
-    let pool = seckill_engine::store::build_pool(&one).unwrap();
+    builders::outbox_events(&db, &[0; 20_000]).await;
+    builders::compensation_tasks(&db, &[0; 20_000]).await;
+    let pool = env.one_connection_pool();
     let mut backend = pool.get().await.unwrap();
 
     let events = seckill_engine::store::outbox::claim(&mut backend.client, "claimer", 200)
@@ -908,31 +896,15 @@ async fn batch_claims_read_their_batch_not_the_whole_backlog() {
 async fn the_backlog_gauges_count_without_reading_whole_tables() {
     let env = TestEnv::new().await;
     let db = env.db().await;
-    db.batch_execute(
-        "INSERT INTO event_outbox (event_id, dedup_key, aggregate_type, aggregate_id, topic,
-                                   tag, message_key, schema_version, payload, status,
-                                   locked_by, locked_at, sent_at)
-         SELECT gen_random_uuid(), 'T:' || g, 'ORDER', g::text, 'SECKILL_EVENTS', 'T',
-                g::text, 1, '{\"n\": 1}'::jsonb,
-                CASE WHEN g <= 3 THEN 0 WHEN g <= 5 THEN 10 WHEN g <= 6 THEN 40 ELSE 20 END,
-                CASE WHEN g IN (4, 5) THEN 'test' END,
-                CASE WHEN g IN (4, 5) THEN statement_timestamp() END,
-                CASE WHEN g > 6 THEN statement_timestamp() END
-         FROM generate_series(1, 20000) AS g;
-         INSERT INTO compensation_task (task_id, idempotency_key, task_type, payload, status,
-                                        locked_by, locked_at, completed_at)
-         SELECT gen_random_uuid(), 'T:' || g, 10, '{}'::jsonb,
-                CASE WHEN g <= 2 THEN 30 WHEN g <= 3 THEN 10 WHEN g <= 5 THEN 50 ELSE 20 END,
-                CASE WHEN g = 3 THEN 'test' END,
-                CASE WHEN g = 3 THEN statement_timestamp() END,
-                CASE WHEN g > 5 THEN statement_timestamp() END
-         FROM generate_series(1, 20000) AS g;",
-    )
-    .await
-    .expect("finished rows");
-    let mut one = env.settings.database.clone();
-    one.pool_size = 1;
-    let pool = seckill_engine::store::build_pool(&one).unwrap();
+    // Events: 3 pending, 2 sending, 1 dead, the rest sent. Tasks: 2 retrying,
+    // 1 running, 2 waiting for review, the rest done.
+    let mut events = vec![20; 20_000];
+    events[..6].copy_from_slice(&[0, 0, 0, 10, 10, 40]);
+    builders::outbox_events(&db, &events).await;
+    let mut tasks = vec![20; 20_000];
+    tasks[..5].copy_from_slice(&[30, 30, 10, 50, 50]);
+    builders::compensation_tasks(&db, &tasks).await;
+    let pool = env.one_connection_pool();
 
     let backlog = seckill_engine::store::ops::backlog(&pool).await.unwrap();
     assert_eq!(
