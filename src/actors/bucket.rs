@@ -9,9 +9,9 @@
 //! PostgreSQL row lock. Orders related to a running transaction (a shared message,
 //! reservation, request, order or user key) wait for it to end: the transactions
 //! that overlap never wait on each other's rows. While batches end with every
-//! order new and created, the next is sent speculatively in one round trip
-//! (`store::orders::set_based`); after one that did not, the next goes the careful
-//! way.
+//! order new and created, the next is sent speculatively, the whole transaction at
+//! once (`store::orders::set_based`); after one that did not, the next goes the
+//! careful way.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;

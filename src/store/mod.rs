@@ -53,7 +53,7 @@ pub enum StoreError {
     Anomaly(String),
     #[error("invalid database URL: {0}")]
     Url(String),
-    /// A batch sent in one round trip on the assumption that its messages are new
+    /// A batch sent whole on the assumption that its messages are new
     /// and its bucket holds their units was not so; the transaction is redone the
     /// careful way (`orders::create_orders`).
     #[error("a batch sent as new messages with units to take was not")]

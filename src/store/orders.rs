@@ -11,10 +11,11 @@
 //! or number, user) or differ in bucket. A segment of several messages runs with
 //! set-based statements (`set_based`), one statement per step for all of them and one
 //! conditional inventory UPDATE; a segment of one message runs the per-message body,
-//! unless the transaction speculates (`OrderTxContext::speculate`), which sends every
-//! segment in one round trip. Segments run one after the other, each seeing the ones
-//! before it, so every message gets the outcome it would get alone; one message
-//! without speculation is exactly the per-message path.
+//! unless the transaction speculates (`OrderTxContext::speculate`) and holds a single
+//! segment: then it is sent whole, COMMIT included, without waiting for an answer
+//! (`set_based::run_fresh_transaction`). Segments run one after the other, each
+//! seeing the ones before it, so every message gets the outcome it would get alone;
+//! one message without speculation is exactly the per-message path.
 
 use std::time::Duration;
 
@@ -46,10 +47,12 @@ pub struct OrderTxContext {
     pub lock_timeout: String,
     pub statement_timeout: String,
     pub max_attempts: u32,
-    /// Send a batch's segments, a single message too, in one round trip each, as
-    /// new messages whose units the bucket holds (`set_based::run_fresh_segment`);
-    /// redone the careful way when they are not. Off, a segment of one message takes
-    /// the seed's per-message path (`order_body`).
+    /// Send a batch whose messages share no key, a single message too, as one
+    /// transaction of new messages whose units the bucket holds, without waiting
+    /// for any answer before COMMIT (`set_based::run_fresh_transaction`); redone the
+    /// careful way when they are not. Messages that share a key cannot all be new,
+    /// so such a batch goes the careful way at once. Off, a segment of one message
+    /// takes the seed's per-message path (`order_body`).
     pub speculate: bool,
 }
 
@@ -128,16 +131,20 @@ async fn create_orders_once(
     let tx = client.transaction().await?;
     let st = statements;
 
+    let segments = segments(inputs);
+    if speculate {
+        if let [segment] = segments[..] {
+            return set_based::run_fresh_transaction(tx, st, ctx, segment, turn).await;
+        }
+    }
     let settings = st.get(&tx, SET_TX_SETTINGS).await?;
     // Pipelined: the first statement of the body follows without waiting.
     let timeouts: [&(dyn ToSql + Sync); 2] = [&ctx.lock_timeout, &ctx.statement_timeout];
     let set = tx.execute(&settings, &timeouts);
     let body = async {
         let mut outcomes = Vec::with_capacity(inputs.len());
-        for segment in segments(inputs) {
-            if speculate {
-                outcomes.extend(set_based::run_fresh_segment(&tx, st, ctx, segment, turn).await?);
-            } else if let [input] = segment {
+        for segment in segments {
+            if let [input] = segment {
                 outcomes.push(order_body(&tx, st, ctx, input, turn).await?);
             } else {
                 outcomes.extend(set_based::run_segment(&tx, st, ctx, segment, turn).await?);
@@ -811,17 +818,20 @@ pub fn redis_release_key(reservation_id: Uuid) -> String {
 /// like `57P01` from a backend terminated *while* committing, which PostgreSQL sends
 /// after the commit record may already be durable.
 pub(crate) async fn commit(tx: Transaction<'_>) -> Result<(), StoreError> {
-    tx.commit().await.map_err(|e| {
-        let rolled_back = e.code().is_some_and(|c| {
-            let c = c.code();
-            c.starts_with("40") || c.starts_with("23") || c.starts_with("22") || c.starts_with("25")
-        });
-        if rolled_back {
-            StoreError::Db(e)
-        } else {
-            StoreError::CommitOutcomeUnknown(e)
-        }
-    })
+    tx.commit().await.map_err(commit_failed)
+}
+
+/// Whether a failed COMMIT may have committed (see `commit`).
+fn commit_failed(e: tokio_postgres::Error) -> StoreError {
+    let rolled_back = e.code().is_some_and(|c| {
+        let c = c.code();
+        c.starts_with("40") || c.starts_with("23") || c.starts_with("22") || c.starts_with("25")
+    });
+    if rolled_back {
+        StoreError::Db(e)
+    } else {
+        StoreError::CommitOutcomeUnknown(e)
+    }
 }
 
 fn payload_hash(msg: &OrderCreateMessage) -> Vec<u8> {

@@ -260,14 +260,16 @@ fn inputs(msgs: &[OrderCreateMessage]) -> Vec<OrderInput<'_>> {
 
 /// A speculative batch takes one attempt when all its messages are new and its
 /// bucket holds their units; otherwise it is redone the careful way (a second
-/// attempt), with the outcomes the careful way gives.
+/// attempt), with the outcomes the careful way gives. The speculative attempt sends
+/// its COMMIT without waiting for its statements: when one of them failed, that
+/// COMMIT must have rolled back and left the connection outside any transaction.
 #[tokio::test]
 async fn a_speculative_batch_is_redone_carefully_unless_all_new_with_units() {
     let env = TestEnv::new().await;
-    builders::activity(&mut env.db().await, 64, 1, 13, 1).await;
+    builders::activity(&mut env.db().await, 64, 1, 14, 1).await;
     let mut conn = connection(env.db().await);
     let fresh: Vec<_> = (1..=10).map(|u| order(64, 1, u, 0)).collect();
-    // A redelivery while the bucket still holds the units: the row counts tell, not
+    // A redelivery while the bucket still holds the units: the unique keys tell, not
     // the stock.
     let again = vec![order(64, 1, 21, 0), fresh[0].clone()];
     let short: Vec<_> = (11..=14).map(|u| order(64, 1, u, 0)).collect();
@@ -280,6 +282,17 @@ async fn a_speculative_batch_is_redone_carefully_unless_all_new_with_units() {
         )
         .await
         .expect("valid messages");
+        // A simple query outside a transaction block is its own transaction, which
+        // starts with it; inside one opened earlier, now() is that one's start.
+        let answer = conn
+            .client
+            .simple_query("SELECT now() = statement_timestamp()")
+            .await
+            .expect("the connection answers");
+        let outside = answer.iter().any(|m| {
+            matches!(m, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some("t"))
+        });
+        assert!(outside, "left inside a transaction");
         (outcomes.iter().map(|o| o.label()).collect(), attempts)
     }
     assert_eq!(speculate(&mut conn, &fresh).await, (vec!["created"; 10], 1));
@@ -291,13 +304,41 @@ async fn a_speculative_batch_is_redone_carefully_unless_all_new_with_units() {
     let single = [order(64, 1, 31, 0)];
     assert_eq!(speculate(&mut conn, &single).await, (vec!["created"], 1));
     assert_eq!(speculate(&mut conn, &single).await, (vec!["duplicate"], 2));
+    // Messages that share a key cannot all be new: the careful way at once.
+    let twice = [order(64, 1, 41, 0), order(64, 1, 41, 0)];
+    assert_eq!(
+        speculate(&mut conn, &twice).await,
+        (vec!["created", "user_already_ordered"], 1)
+    );
     assert_eq!(
         speculate(&mut conn, &short).await,
         (vec!["created", "sold_out", "sold_out", "sold_out"], 2)
     );
     let db = env.db().await;
-    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 13);
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 14);
     assert_invariants(&db).await;
+    env.cleanup().await;
+}
+
+/// The speculative transaction sends its COMMIT only after every other request of
+/// the transaction was queued on the connection, and takes a request as queued when
+/// its first poll left it pending (src/store/orders/set_based.rs, `sent`). That is
+/// tokio-postgres' behaviour, pinned here: a request that cannot be encoded is
+/// answered in its first poll, a valid one is not.
+#[tokio::test]
+async fn tokio_postgres_answers_a_request_it_cannot_send_in_its_first_poll() {
+    let env = TestEnv::new().await;
+    let client = env.db().await;
+    let statement = client.prepare("SELECT $1::int4").await.expect("prepare");
+    let wrong: [&(dyn tokio_postgres::types::ToSql + Sync); 1] = [&"not an int4"];
+    let mut unsendable = std::pin::pin!(client.execute(&statement, &wrong));
+    match futures_util::poll!(unsendable.as_mut()) {
+        std::task::Poll::Ready(Err(e)) => assert!(e.code().is_none(), "{e}"),
+        other => panic!("expected an immediate encoding error, got {other:?}"),
+    }
+    let mut valid = std::pin::pin!(client.execute(&statement, &[&7i32]));
+    assert!(futures_util::poll!(valid.as_mut()).is_pending());
+    assert_eq!(valid.await.expect("answered"), 1);
     env.cleanup().await;
 }
 

@@ -8,22 +8,25 @@
 //! round trip before COMMIT.
 //!
 //! That is the careful way, a round trip per step. In the common case, a
-//! segment of new messages whose bucket holds their units, `run_fresh_segment`
-//! sends all of it at once and the hot row is locked only from the UPDATE to
-//! COMMIT; it is speculative, and falls back to the careful way when the case is
-//! not the common one.
+//! segment of new messages whose bucket holds their units, `run_fresh_transaction`
+//! sends the whole transaction, COMMIT included, without waiting for an answer, and
+//! the hot row is locked only from the UPDATE to the end of that COMMIT; it is
+//! speculative: when the case is not the common one, a statement fails, the
+//! transaction rolls back, and the segment is redone the careful way.
 
 use std::collections::{HashMap, HashSet};
+use std::task::Poll;
 
 use chrono::{DateTime, Utc};
+use futures_util::future::LocalBoxFuture;
 use tokio_postgres::types::ToSql;
 use tokio_postgres::{Row, Transaction};
 use uuid::Uuid;
 
 use super::{
-    expect_rows, explain_order_conflict, order_created_event, payload_hash, release,
+    commit_failed, expect_rows, explain_order_conflict, order_created_event, payload_hash, release,
     reservation_expires_at, reservation_verdict, AllocationTurn, OrderInput, OrderTxContext,
-    StoredResult,
+    StoredResult, SET_TX_SETTINGS,
 };
 use crate::domain::message::OrderCreateMessage;
 use crate::domain::outcome::{OrderOutcome, ResultCode};
@@ -323,17 +326,23 @@ pub(super) async fn run_segment(
         .collect()
 }
 
-/// The common case in one round trip: a segment of new messages, whose orders the
-/// bucket has units for. Every step of `run_segment` is sent at once, as if each
-/// inbox, reservation and order row were new and every order got a unit, and the
-/// inventory UPDATE follows as soon as the turn comes. When all of that held, the
-/// careful path would have written the same rows, with the UPDATE before the order
-/// writes and each reservation inserted PENDING_DB and then marked ORDERED, where
-/// this inserts it ORDERED: the result is the same. When any of it did not, the
-/// segment fails with `Speculation` and the transaction is redone the careful way;
-/// nothing of this one commits.
-pub(super) async fn run_fresh_segment(
-    tx: &Transaction<'_>,
+/// The common case, a segment of new messages whose orders the bucket has units
+/// for, as a whole transaction sent without waiting for any answer: the settings,
+/// every write of `run_segment` as if each inbox, reservation and order row were
+/// new (plain INSERTs: a row that exists fails its statement), the inventory UPDATE
+/// for all the orders as soon as the turn comes (`TAKE_ALL`: it fails unless the
+/// bucket holds every unit), and COMMIT. When all of that held, the careful path
+/// would have written the same rows, with the UPDATE before the order writes and
+/// each reservation inserted PENDING_DB and then marked ORDERED, where this inserts
+/// it ORDERED: the result is the same. When any of it did not, a statement failed,
+/// PostgreSQL aborted the transaction and the COMMIT behind it rolled it back; the
+/// segment fails with `Speculation` and is redone the careful way.
+///
+/// The hot row is locked from the UPDATE to the end of the COMMIT right behind it,
+/// never across a round trip to the engine, and the engine waits once for the whole
+/// transaction (after BEGIN) instead of once per step.
+pub(super) async fn run_fresh_transaction(
+    tx: Transaction<'_>,
     st: &mut StatementCache,
     ctx: &OrderTxContext,
     inputs: &[OrderInput<'_>],
@@ -367,13 +376,16 @@ pub(super) async fn run_fresh_segment(
         events.push(order_created_event(msg));
     }
     let ordered = ReservationStatus::Ordered.code();
+    let units = i32::try_from(n).map_err(|_| StoreError::Anomaly("segment too large".into()))?;
 
-    let insert_inbox = st.get(tx, INSERT_INBOX).await?;
-    let insert_reservations = st.get(tx, INSERT_ORDERED_RESERVATIONS).await?;
-    let insert_orders = st.get(tx, INSERT_ORDERS).await?;
-    let insert_items = st.get(tx, INSERT_ORDER_ITEMS).await?;
-    let insert_events = st.get(tx, INSERT_EVENTS).await?;
-    let take = st.get(tx, TAKE_UNITS).await?;
+    let settings = st.get(&tx, SET_TX_SETTINGS).await?;
+    let insert_inbox = st.get(&tx, INSERT_NEW_INBOX).await?;
+    let insert_reservations = st.get(&tx, INSERT_ORDERED_RESERVATIONS).await?;
+    let insert_orders = st.get(&tx, INSERT_NEW_ORDERS).await?;
+    let insert_items = st.get(&tx, INSERT_ORDER_ITEMS).await?;
+    let insert_events = st.get(&tx, INSERT_EVENTS).await?;
+    let take_all = st.get(&tx, TAKE_ALL).await?;
+    let timeouts: [&(dyn ToSql + Sync); 2] = [&ctx.lock_timeout, &ctx.statement_timeout];
     let inbox_params: [&(dyn ToSql + Sync); 6] = [
         &ctx.consumer_group,
         &message_ids,
@@ -416,30 +428,58 @@ pub(super) async fn run_fresh_segment(
         &order_ids,
         &prices,
     ];
-    // Sent in this order; a statement after one that failed fails too (the
-    // transaction is aborted), so the first failure in this order is the cause.
-    let (inbox, reservations, orders, items, written, taken) = futures_util::join!(
-        tx.execute(&insert_inbox, &inbox_params),
-        tx.execute(&insert_reservations, &reservation_params),
-        tx.execute(&insert_orders, &order_params),
-        tx.execute(&insert_items, &items_params),
-        events.insert(tx, &insert_events),
-        async {
-            turn.wait().await;
-            take_first(tx, &take, bucket, &ledgers, n).await
-        },
+    let take_params: [&(dyn ToSql + Sync); 10] = [
+        &bucket.activity_id,
+        &bucket.sku_id,
+        &bucket.inventory_bucket,
+        &units,
+        &LedgerType::Allocate.code(),
+        &ledgers.ledger_ids,
+        &ledgers.reservations,
+        &ledgers.order_ids,
+        &ledgers.message_ids,
+        &ledgers.users,
+    ];
+
+    // Every statement before COMMIT, in the order sent; the first failure in this
+    // order is the cause (the ones after it fail because the transaction aborted).
+    let mut steps: Vec<LocalBoxFuture<'_, Result<u64, tokio_postgres::Error>>> = vec![
+        Box::pin(tx.execute(&settings, &timeouts)),
+        Box::pin(tx.execute(&insert_inbox, &inbox_params)),
+        Box::pin(tx.execute(&insert_reservations, &reservation_params)),
+        Box::pin(tx.execute(&insert_orders, &order_params)),
+        Box::pin(tx.execute(&insert_items, &items_params)),
+        Box::pin(async { events.insert(&tx, &insert_events).await.map(|()| 0) }),
+    ];
+    // Sent one by one, and COMMIT only after all of them: a request that failed
+    // before it was sent leaves no COMMIT sent, and dropping the transaction rolls
+    // it back.
+    for step in &mut steps {
+        sent(step).await.map_err(not_sent)?;
+    }
+    turn.wait().await;
+    let mut take: LocalBoxFuture<'_, Result<u64, tokio_postgres::Error>> = Box::pin(async {
+        let taken = tx.query_one(&take_all, &take_params).await;
+        if taken.is_ok() {
+            turn.pass_on().await;
+        }
+        taken.map(|_| 0)
+    });
+    sent(&mut take).await.map_err(not_sent)?;
+    let (mut answers, taken, committed) = futures_util::join!(
+        futures_util::future::join_all(steps),
+        take,
+        tx.client().batch_execute("COMMIT"),
     );
-    // In the order sent: a statement that failed only because an earlier one did
-    // not insert every row must not be taken for the cause.
-    let all_new = n as u64;
-    if inbox? != all_new || reservations? != all_new || orders? != all_new {
-        return Err(StoreError::Speculation);
+    answers.push(taken);
+    // COMMIT has been sent, so the transaction is over whatever the answers. A
+    // dropped `Transaction` would send a ROLLBACK after it; a top-level one holds
+    // only the borrowed client and a flag, so forgetting it leaks nothing.
+    std::mem::forget(tx);
+    if let Some(failed) = first_failure(answers) {
+        return Err(failed);
     }
-    expect_rows(items?, n, "order items")?;
-    written?;
-    if !taken? {
-        return Err(StoreError::Speculation);
-    }
+    committed.map_err(commit_failed)?;
     Ok(msgs
         .iter()
         .map(|m| OrderOutcome {
@@ -448,6 +488,41 @@ pub(super) async fn run_fresh_segment(
             duplicate: false,
         })
         .collect())
+}
+
+/// Polls a request once; `Err` with its answer if that finished it. tokio-postgres
+/// encodes a request and queues it on the connection in its first poll, and
+/// whatever fails before that is returned from that poll. So `Ok` means it is
+/// queued, and a COMMIT queued after it cannot overtake it: without that check, a
+/// request that failed to encode would leave a COMMIT behind it to keep the rest
+/// of the transaction without it.
+async fn sent<T>(request: &mut LocalBoxFuture<'_, T>) -> Result<(), T> {
+    match futures_util::poll!(request.as_mut()) {
+        Poll::Ready(answer) => Err(answer),
+        Poll::Pending => Ok(()),
+    }
+}
+
+/// A request that finished in its first poll failed before it was sent.
+fn not_sent(answer: Result<u64, tokio_postgres::Error>) -> StoreError {
+    match answer {
+        Err(e) => StoreError::Db(e),
+        Ok(_) => StoreError::Anomaly("a request was answered before it was sent".into()),
+    }
+}
+
+/// The cause of a failed fresh transaction: its first failed statement in the order
+/// sent. A unique key that was taken (23505) or a bucket short of units (`SK001`
+/// from `TAKE_ALL`) means the speculation did not hold; any other answer from
+/// PostgreSQL also aborted the transaction. Without an answer (the connection
+/// broke) a COMMIT sent behind may have run.
+fn first_failure(answers: Vec<Result<u64, tokio_postgres::Error>>) -> Option<StoreError> {
+    let e = answers.into_iter().find_map(Result::err)?;
+    Some(match e.code().map(|c| c.code()) {
+        Some("23505" | "SK001") => StoreError::Speculation,
+        Some(_) => StoreError::Db(e),
+        None => StoreError::CommitOutcomeUnknown(e),
+    })
 }
 
 /// The ledger rows of a segment's eligible orders, in arrival order; the first
@@ -556,7 +631,11 @@ async fn take_first(
     Ok(true)
 }
 
-const INSERT_INBOX: &str = "
+/// The inbox rows of a segment's messages; see `INSERT_INBOX` and `INSERT_NEW_INBOX`.
+macro_rules! insert_inbox_then {
+    ($tail:literal) => {
+        concat!(
+            "
 INSERT INTO consumer_inbox (
     consumer_group, message_id, topic, tag, message_key, reservation_id, payload_hash,
     status, result_code, order_id
@@ -564,9 +643,21 @@ INSERT INTO consumer_inbox (
 SELECT $1::text, m.message_id, m.topic, 'ORDER_CREATE', m.reservation_id::text,
        m.reservation_id, m.payload_hash, 20, 'ORDER_CREATED', m.order_id
 FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::bytea[], $6::int8[])
-     AS m(message_id, topic, reservation_id, payload_hash, order_id)
+     AS m(message_id, topic, reservation_id, payload_hash, order_id)",
+            $tail
+        )
+    };
+}
+
+/// Returns the messages that are new; a redelivery's row is left as it is.
+const INSERT_INBOX: &str = insert_inbox_then!(
+    "
 ON CONFLICT (consumer_group, message_id) DO NOTHING
-RETURNING message_id";
+RETURNING message_id"
+);
+
+/// For messages taken to be new: a redelivery fails the statement (23505).
+const INSERT_NEW_INBOX: &str = insert_inbox_then!("");
 
 /// `StoredResult`'s columns, then the message id.
 const LOAD_INBOX: &str = "
@@ -597,6 +688,7 @@ RETURNING reservation_id";
 /// them after `INSERT_RESERVATIONS`: ORDERED with their order, at version 1. One
 /// heap tuple per reservation instead of an inserted one and its updated copy, and
 /// four index entries instead of nine (the update changes the indexed `order_id`).
+/// For reservations taken to be new: one that exists fails the statement (23505).
 const INSERT_ORDERED_RESERVATIONS: &str = "
 INSERT INTO inventory_reservation (
     reservation_id, request_id, first_message_id, activity_id, sku_id, user_id,
@@ -609,8 +701,7 @@ SELECT m.reservation_id, m.request_id, m.message_id, $1::int8, $2::int8, m.user_
 FROM unnest($4::uuid[], $5::uuid[], $6::uuid[], $7::int8[], $8::timestamptz[],
             $9::timestamptz[], $11::int8[])
      AS m(reservation_id, request_id, message_id, user_id, reserved_at, expires_at,
-          order_id)
-ON CONFLICT DO NOTHING";
+          order_id)";
 
 /// `reservation_verdict`'s columns, then the reservation id; locked in key order so
 /// two transactions locking overlapping sets cannot deadlock.
@@ -622,7 +713,11 @@ WHERE reservation_id = ANY ($1::uuid[])
 ORDER BY reservation_id
 FOR UPDATE";
 
-const INSERT_ORDERS: &str = "
+/// The orders of a segment's messages; see `INSERT_ORDERS` and `INSERT_NEW_ORDERS`.
+macro_rules! insert_orders_then {
+    ($tail:literal) => {
+        concat!(
+            "
 INSERT INTO orders (
     order_id, order_no, request_id, reservation_id, source_message_id,
     activity_id, sku_id, user_id, inventory_bucket, quantity,
@@ -634,9 +729,22 @@ SELECT m.order_id, m.order_no, m.request_id, m.reservation_id, m.message_id,
 FROM unnest($4::int8[], $5::text[], $6::uuid[], $7::uuid[], $8::uuid[], $9::int8[],
             $10::int8[], $11::text[], $12::timestamptz[])
      AS m(order_id, order_no, request_id, reservation_id, message_id, user_id,
-          unit_price, currency, expire_at)
+          unit_price, currency, expire_at)",
+            $tail
+        )
+    };
+}
+
+/// Returns the orders written; one that conflicts with an existing order on any of
+/// its unique keys is not.
+const INSERT_ORDERS: &str = insert_orders_then!(
+    "
 ON CONFLICT DO NOTHING
-RETURNING order_id";
+RETURNING order_id"
+);
+
+/// For orders taken to be new: one that conflicts fails the statement (23505).
+const INSERT_NEW_ORDERS: &str = insert_orders_then!("");
 
 const DELETE_PROVISIONAL_ORDERS: &str = "DELETE FROM orders WHERE order_id = ANY ($1::int8[])";
 
@@ -648,10 +756,13 @@ SELECT m.order_id, 1, $1::int8, $2::int8, $3::text, 1, m.unit_price, m.unit_pric
 FROM unnest($4::int8[], $5::int8[]) AS m(order_id, unit_price)";
 
 /// Takes $4 units from the bucket if it holds them (as `ALLOCATE_UNITS`) and writes
-/// the ledger rows of the orders that get them, in one statement; no row when the
-/// bucket holds fewer. The k-th order sees the bucket as if the units had been taken
-/// one at a time: its before values are the after values of order k-1.
-const TAKE_UNITS: &str = "
+/// the ledger rows of the orders that get them. The k-th order sees the bucket as if
+/// the units had been taken one at a time: its before values are the after values of
+/// order k-1. A macro so that both statements below stay static SQL.
+macro_rules! take_units_then {
+    ($select:literal) => {
+        concat!(
+            "
 WITH taken AS (
     UPDATE sku_inventory
     SET available_stock = available_stock - $4,
@@ -683,7 +794,22 @@ WITH taken AS (
     ON CONFLICT (idempotency_key) DO NOTHING
     RETURNING 1
 )
-SELECT (SELECT count(*) FROM ledger) FROM taken";
+",
+            $select
+        )
+    };
+}
+
+/// `take_units_then` returning the ledger rows written; no row when the bucket
+/// holds fewer than $4 units.
+const TAKE_UNITS: &str = take_units_then!("SELECT (SELECT count(*) FROM ledger) FROM taken");
+
+/// `take_units_then` for all $4 orders or none: when the bucket holds fewer units
+/// (or an order already has its ledger row), the statement fails with SQLSTATE
+/// SK001 and aborts the transaction, so a COMMIT sent right behind it rolls back.
+const TAKE_ALL: &str = take_units_then!(
+    "SELECT abort_unless((SELECT count(*) FROM ledger) = $4, 'the bucket holds fewer units than the batch takes')"
+);
 
 const LOCK_INVENTORY: &str = "
 SELECT available_stock
