@@ -137,6 +137,11 @@ pub struct PgConn {
     pub statements: StatementCache,
     /// When the server last answered a liveness check on this connection.
     checked_at: Instant,
+    /// A transaction was begun here with a plain BEGIN (no `Transaction` to roll
+    /// it back when dropped) and has not been seen to end. A connection returned to
+    /// the pool like that (its caller was cancelled) is closed instead, which makes
+    /// PostgreSQL roll the transaction back.
+    pub(crate) in_transaction: bool,
 }
 
 impl PgConn {
@@ -146,6 +151,7 @@ impl PgConn {
             client,
             statements: StatementCache::default(),
             checked_at: Instant::now(),
+            in_transaction: false,
         }
     }
 }
@@ -201,7 +207,7 @@ impl bb8::ManageConnection for PgManager {
     }
 
     fn has_broken(&self, conn: &mut PgConn) -> bool {
-        conn.client.is_closed()
+        conn.client.is_closed() || conn.in_transaction
     }
 }
 

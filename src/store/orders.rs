@@ -125,18 +125,17 @@ async fn create_orders_once(
     turn: &mut AllocationTurn,
     speculate: bool,
 ) -> Result<Vec<OrderOutcome>, StoreError> {
+    let segments = segments(inputs);
+    if speculate {
+        if let [segment] = segments[..] {
+            return set_based::run_fresh_transaction(conn, ctx, segment, turn).await;
+        }
+    }
     let PgConn {
         client, statements, ..
     } = conn;
     let tx = client.transaction().await?;
     let st = statements;
-
-    let segments = segments(inputs);
-    if speculate {
-        if let [segment] = segments[..] {
-            return set_based::run_fresh_transaction(tx, st, ctx, segment, turn).await;
-        }
-    }
     let settings = st.get(&tx, SET_TX_SETTINGS).await?;
     // Pipelined: the first statement of the body follows without waiting.
     let timeouts: [&(dyn ToSql + Sync); 2] = [&ctx.lock_timeout, &ctx.statement_timeout];

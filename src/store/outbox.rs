@@ -72,30 +72,31 @@ impl EventRows {
         self.payloads.push(event.payload);
     }
 
-    /// Writes the rows inside the caller's transaction; `insert` is the prepared
-    /// `INSERT_EVENTS`, so several statements can be pipelined.
+    /// Writes the rows inside the transaction open on `client`; `insert` is the
+    /// prepared `INSERT_EVENTS`, so several statements can be pipelined.
     pub async fn insert(
         &self,
-        tx: &Transaction<'_>,
+        client: &Client,
         insert: &Statement,
     ) -> Result<(), tokio_postgres::Error> {
         if self.event_ids.is_empty() {
             return Ok(());
         }
-        tx.execute(
-            insert,
-            &[
-                &self.event_ids,
-                &self.dedup_keys,
-                &self.aggregate_types,
-                &self.aggregate_ids,
-                &EVENT_TOPIC,
-                &self.tags,
-                &self.message_keys,
-                &self.payloads,
-            ],
-        )
-        .await?;
+        client
+            .execute(
+                insert,
+                &[
+                    &self.event_ids,
+                    &self.dedup_keys,
+                    &self.aggregate_types,
+                    &self.aggregate_ids,
+                    &EVENT_TOPIC,
+                    &self.tags,
+                    &self.message_keys,
+                    &self.payloads,
+                ],
+            )
+            .await?;
         Ok(())
     }
 }

@@ -282,17 +282,10 @@ async fn a_speculative_batch_is_redone_carefully_unless_all_new_with_units() {
         )
         .await
         .expect("valid messages");
-        // A simple query outside a transaction block is its own transaction, which
-        // starts with it; inside one opened earlier, now() is that one's start.
-        let answer = conn
-            .client
-            .simple_query("SELECT now() = statement_timestamp()")
-            .await
-            .expect("the connection answers");
-        let outside = answer.iter().any(|m| {
-            matches!(m, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some("t"))
-        });
-        assert!(outside, "left inside a transaction");
+        assert!(
+            outside_transaction(&conn.client).await,
+            "left inside a transaction"
+        );
         (outcomes.iter().map(|o| o.label()).collect(), attempts)
     }
     assert_eq!(speculate(&mut conn, &fresh).await, (vec!["created"; 10], 1));
@@ -317,6 +310,53 @@ async fn a_speculative_batch_is_redone_carefully_unless_all_new_with_units() {
     let db = env.db().await;
     assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 14);
     assert_invariants(&db).await;
+    env.cleanup().await;
+}
+
+/// Whether the connection is outside any transaction block: a simple query there
+/// is its own transaction, which starts with it; inside a block opened earlier,
+/// now() is that block's start.
+async fn outside_transaction(client: &Client) -> bool {
+    let answer = client
+        .simple_query("SELECT now() = statement_timestamp()")
+        .await
+        .expect("the connection answers");
+    answer.iter().any(
+        |m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(row) if row.get(0) == Some("t")),
+    )
+}
+
+/// A speculative transaction sends BEGIN without a guard that rolls back on drop.
+/// Dropped half way (its caller cancelled while it waits for its turn, BEGIN and
+/// its writes sent), it must not leave its connection to the next user inside that
+/// transaction: the pool closes the connection, and nothing is committed.
+#[tokio::test]
+async fn a_speculative_transaction_dropped_half_way_leaves_no_open_transaction() {
+    let env = TestEnv::new().await;
+    builders::activity(&mut env.db().await, 65, 1, 5, 1).await;
+    let pool = env.one_connection_pool();
+    let msgs: Vec<_> = (1..=3).map(|u| order(65, 1, u, 0)).collect();
+    // The turn before this one never passes, so the transaction stops before its
+    // inventory UPDATE, with BEGIN and its writes sent.
+    let (before, next) = AllocationTurn::after(None);
+    let (mut turn, _) = AllocationTurn::after(Some(next));
+    {
+        let mut conn = pool.get().await.expect("a connection");
+        let (ctx, inputs) = (context(true), inputs(&msgs));
+        let run = create_orders(&mut conn, &ctx, &inputs, &mut turn);
+        let waited = tokio::time::timeout(std::time::Duration::from_millis(500), run).await;
+        assert!(waited.is_err(), "the transaction did not wait for its turn");
+    }
+    let conn = pool.get().await.expect("a connection");
+    assert!(
+        outside_transaction(&conn.client).await,
+        "the pool handed out a connection inside the dropped transaction"
+    );
+    drop(conn);
+    let db = env.db().await;
+    assert_eq!(count(&db, "SELECT count(*) FROM consumer_inbox").await, 0);
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 0);
+    drop(before);
     env.cleanup().await;
 }
 

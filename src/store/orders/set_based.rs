@@ -20,7 +20,7 @@ use std::task::Poll;
 use chrono::{DateTime, Utc};
 use futures_util::future::LocalBoxFuture;
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Row, Transaction};
+use tokio_postgres::{Client, Row, Transaction};
 use uuid::Uuid;
 
 use super::{
@@ -33,7 +33,7 @@ use crate::domain::outcome::{OrderOutcome, ResultCode};
 use crate::domain::status::{LedgerType, ReservationStatus};
 use crate::store::compensation::{TaskRows, INSERT_TASKS};
 use crate::store::outbox::{EventRows, INSERT_EVENTS};
-use crate::store::{StatementCache, StoreError};
+use crate::store::{PgConn, StatementCache, StoreError};
 
 type Param = dyn ToSql + Sync;
 
@@ -295,7 +295,7 @@ pub(super) async fn run_segment(
         granted_writes,
         denied_writes,
         recorded,
-        async { Ok(events.insert(tx, &insert_events).await?) },
+        async { Ok(events.insert(tx.client(), &insert_events).await?) },
         async { Ok(tasks.insert(tx, &insert_tasks).await?) },
     )?;
     if !denied.is_empty() {
@@ -327,7 +327,7 @@ pub(super) async fn run_segment(
 }
 
 /// The common case, a segment of new messages whose orders the bucket has units
-/// for, as a whole transaction sent without waiting for any answer: the settings,
+/// for, as a whole transaction sent without waiting for any answer: BEGIN, the settings,
 /// every write of `run_segment` as if each inbox, reservation and order row were
 /// new (plain INSERTs: a row that exists fails its statement), the inventory UPDATE
 /// for all the orders as soon as the turn comes (`TAKE_ALL`: it fails unless the
@@ -340,10 +340,11 @@ pub(super) async fn run_segment(
 ///
 /// The hot row is locked from the UPDATE to the end of the COMMIT right behind it,
 /// never across a round trip to the engine, and the engine waits once for the whole
-/// transaction (after BEGIN) instead of once per step.
+/// transaction instead of once per step. Until the transaction is seen to end, the
+/// connection is marked `in_transaction`, so that if this future is dropped half
+/// way the pool closes the connection rather than reuse it.
 pub(super) async fn run_fresh_transaction(
-    tx: Transaction<'_>,
-    st: &mut StatementCache,
+    conn: &mut PgConn,
     ctx: &OrderTxContext,
     inputs: &[OrderInput<'_>],
     turn: &mut AllocationTurn,
@@ -378,13 +379,20 @@ pub(super) async fn run_fresh_transaction(
     let ordered = ReservationStatus::Ordered.code();
     let units = i32::try_from(n).map_err(|_| StoreError::Anomaly("segment too large".into()))?;
 
-    let settings = st.get(&tx, SET_TX_SETTINGS).await?;
-    let insert_inbox = st.get(&tx, INSERT_NEW_INBOX).await?;
-    let insert_reservations = st.get(&tx, INSERT_ORDERED_RESERVATIONS).await?;
-    let insert_orders = st.get(&tx, INSERT_NEW_ORDERS).await?;
-    let insert_items = st.get(&tx, INSERT_ORDER_ITEMS).await?;
-    let insert_events = st.get(&tx, INSERT_EVENTS).await?;
-    let take_all = st.get(&tx, TAKE_ALL).await?;
+    let PgConn {
+        client,
+        statements: st,
+        in_transaction,
+        ..
+    } = conn;
+    let client = &*client;
+    let settings = st.get(client, SET_TX_SETTINGS).await?;
+    let insert_inbox = st.get(client, INSERT_NEW_INBOX).await?;
+    let insert_reservations = st.get(client, INSERT_ORDERED_RESERVATIONS).await?;
+    let insert_orders = st.get(client, INSERT_NEW_ORDERS).await?;
+    let insert_items = st.get(client, INSERT_ORDER_ITEMS).await?;
+    let insert_events = st.get(client, INSERT_EVENTS).await?;
+    let take_all = st.get(client, TAKE_ALL).await?;
     let timeouts: [&(dyn ToSql + Sync); 2] = [&ctx.lock_timeout, &ctx.statement_timeout];
     let inbox_params: [&(dyn ToSql + Sync); 6] = [
         &ctx.consumer_group,
@@ -441,41 +449,54 @@ pub(super) async fn run_fresh_transaction(
         &ledgers.users,
     ];
 
-    // Every statement before COMMIT, in the order sent; the first failure in this
+    // Every request before COMMIT, in the order sent; the first failure in this
     // order is the cause (the ones after it fail because the transaction aborted).
+    *in_transaction = true;
     let mut steps: Vec<LocalBoxFuture<'_, Result<u64, tokio_postgres::Error>>> = vec![
-        Box::pin(tx.execute(&settings, &timeouts)),
-        Box::pin(tx.execute(&insert_inbox, &inbox_params)),
-        Box::pin(tx.execute(&insert_reservations, &reservation_params)),
-        Box::pin(tx.execute(&insert_orders, &order_params)),
-        Box::pin(tx.execute(&insert_items, &items_params)),
-        Box::pin(async { events.insert(&tx, &insert_events).await.map(|()| 0) }),
+        Box::pin(async { client.batch_execute("BEGIN").await.map(|()| 0) }),
+        Box::pin(client.execute(&settings, &timeouts)),
+        Box::pin(client.execute(&insert_inbox, &inbox_params)),
+        Box::pin(client.execute(&insert_reservations, &reservation_params)),
+        Box::pin(client.execute(&insert_orders, &order_params)),
+        Box::pin(client.execute(&insert_items, &items_params)),
+        Box::pin(async { events.insert(client, &insert_events).await.map(|()| 0) }),
     ];
-    // Sent one by one, and COMMIT only after all of them: a request that failed
-    // before it was sent leaves no COMMIT sent, and dropping the transaction rolls
-    // it back.
+    // Sent one by one, and COMMIT only after all of them.
+    let mut queued = 0;
     for step in &mut steps {
-        sent(step).await.map_err(not_sent)?;
+        if let Err(unsent) = sent(step).await {
+            drop(steps);
+            return Err(abandon(client, in_transaction, queued, unsent).await);
+        }
+        queued += 1;
     }
     turn.wait().await;
     let mut take: LocalBoxFuture<'_, Result<u64, tokio_postgres::Error>> = Box::pin(async {
-        let taken = tx.query_one(&take_all, &take_params).await;
+        let taken = client.query_one(&take_all, &take_params).await;
         if taken.is_ok() {
             turn.pass_on().await;
         }
         taken.map(|_| 0)
     });
-    sent(&mut take).await.map_err(not_sent)?;
+    if let Err(unsent) = sent(&mut take).await {
+        drop((steps, take));
+        return Err(abandon(client, in_transaction, queued, unsent).await);
+    }
     let (mut answers, taken, committed) = futures_util::join!(
         futures_util::future::join_all(steps),
         take,
-        tx.client().batch_execute("COMMIT"),
+        client.batch_execute("COMMIT"),
     );
     answers.push(taken);
-    // COMMIT has been sent, so the transaction is over whatever the answers. A
-    // dropped `Transaction` would send a ROLLBACK after it; a top-level one holds
-    // only the borrowed client and a flag, so forgetting it leaks nothing.
-    std::mem::forget(tx);
+    // The COMMIT was answered, so the transaction is over: committed, or rolled
+    // back because a statement before it failed. Without an answer the connection
+    // is broken and the pool will not hand it out again.
+    if committed
+        .as_ref()
+        .map_or_else(|e| e.code().is_some(), |()| true)
+    {
+        *in_transaction = false;
+    }
     if let Some(failed) = first_failure(answers) {
         return Err(failed);
     }
@@ -503,9 +524,19 @@ async fn sent<T>(request: &mut LocalBoxFuture<'_, T>) -> Result<(), T> {
     }
 }
 
-/// A request that finished in its first poll failed before it was sent.
-fn not_sent(answer: Result<u64, tokio_postgres::Error>) -> StoreError {
-    match answer {
+/// A request failed before it was sent, after `queued` requests (BEGIN first) were:
+/// no COMMIT was sent, so the transaction that BEGIN opened is rolled back here.
+/// If that gets no answer the connection stays marked and the pool closes it.
+async fn abandon(
+    client: &Client,
+    in_transaction: &mut bool,
+    queued: usize,
+    unsent: Result<u64, tokio_postgres::Error>,
+) -> StoreError {
+    if queued == 0 || client.batch_execute("ROLLBACK").await.is_ok() {
+        *in_transaction = false;
+    }
+    match unsent {
         Err(e) => StoreError::Db(e),
         Ok(_) => StoreError::Anomaly("a request was answered before it was sent".into()),
     }
