@@ -698,3 +698,59 @@ async fn group_commit_in_the_engine_keeps_every_promise_and_isolates_a_bad_messa
     assert_all_acked(&env).await;
     env.cleanup().await;
 }
+
+/// `engine.batch_max_size = 1` is the seed's per-message path, the side the
+/// differential test compares batches against: the engine must never send such a
+/// transaction speculatively. Only the speculative transaction calls
+/// `abort_unless`, so PostgreSQL's function statistics tell; with batches of 32 the
+/// same run must call it, or the check could not fail.
+#[actix_rt::test]
+async fn one_message_per_transaction_never_speculates() {
+    for (batch_max_size, speculates) in [(1usize, false), (32, true)] {
+        let env = TestEnv::with(|f| {
+            f.merge(Serialized::default("engine.batch_max_size", batch_max_size))
+        })
+        .await;
+        let mut db = env.db().await;
+        // For the engine's sessions, opened after this.
+        db.batch_execute(
+            "DO $$ BEGIN
+                 EXECUTE format('ALTER DATABASE %I SET track_functions = ''pl''', current_database());
+             END $$",
+        )
+        .await
+        .expect("track function calls");
+        builders::activity(&mut db, 66, 1, 100, 1).await;
+        let msgs: Vec<_> = (1..=60).map(|user| order(66, 1, user, 0)).collect();
+        let engine = EngineHandle::start(&env.settings).await;
+        let amqp = env.amqp().await;
+        builders::publish(&env, &amqp, &msgs).await;
+        wait_inbox(&db, 60).await;
+        // A backend reports its statistics when it exits at the latest.
+        engine.stop().await;
+        let inserted = || async {
+            count(
+                &db,
+                "SELECT coalesce(sum(n_tup_ins), 0)::int8 FROM pg_stat_user_tables WHERE relname = 'orders'",
+            )
+            .await
+        };
+        assert!(
+            wait_until(settle(), || async { inserted().await == 60 }).await,
+            "the engine's statistics never arrived"
+        );
+        let calls = count(
+            &db,
+            "SELECT coalesce(sum(calls), 0)::int8 FROM pg_stat_user_functions WHERE funcname = 'abort_unless'",
+        )
+        .await;
+        assert_eq!(
+            calls > 0,
+            speculates,
+            "batch_max_size {batch_max_size}: abort_unless called {calls} times"
+        );
+        assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 60);
+        assert_invariants(&db).await;
+        env.cleanup().await;
+    }
+}
