@@ -20,6 +20,7 @@
 use std::time::Duration;
 
 use rand::Rng;
+use serde::Serialize;
 use serde_json::json;
 use sha2::{Digest, Sha256};
 use tokio::sync::watch;
@@ -32,7 +33,7 @@ mod set_based;
 use std::collections::HashSet;
 
 use super::compensation::{insert_task, NewTask};
-use super::outbox::{insert_event, Event};
+use super::outbox::{insert_event, payload as event_payload, Event};
 use super::{PgConn, StatementCache, StoreError};
 use crate::domain::message::OrderCreateMessage;
 use crate::domain::outcome::{retry_in_place, OrderOutcome, ResultCode};
@@ -491,7 +492,7 @@ async fn order_body(
         "allocate ledger rows for reservations without an order",
     )?;
     mark_reservation_ordered(tx, st, msg.reservation_id, msg.order_id).await?;
-    insert_event(tx, st, order_created_event(msg)).await?;
+    insert_event(tx, st, order_created_event(msg)?).await?;
     // The inbox row was inserted with ORDER_CREATED and this order id already.
     Ok(OrderOutcome {
         code: ResultCode::OrderCreated,
@@ -738,7 +739,7 @@ async fn reject(
         )
         .await?;
     expect_rows(n, 1, "reservations locked in PENDING_DB")?;
-    let (task, event) = release(msg, code);
+    let (task, event) = release(msg, code)?;
     insert_task(tx, st, task).await?;
     insert_event(tx, st, event).await?;
     metrics::counter!("seckill_redis_release_requested_total", "reason" => code.label())
@@ -748,7 +749,7 @@ async fn reject(
 
 /// The Redis give-back of a rejected reservation's unit: the compensation task for
 /// the worker and the event announcing it, with one payload.
-fn release(msg: &OrderCreateMessage, code: ResultCode) -> (NewTask, Event) {
+fn release(msg: &OrderCreateMessage, code: ResultCode) -> Result<(NewTask, Event), StoreError> {
     let payload = release_payload(msg, code);
     let event = Event {
         dedup_key: format!("INVENTORY_RELEASE_REQUESTED:{}", msg.reservation_id),
@@ -756,7 +757,7 @@ fn release(msg: &OrderCreateMessage, code: ResultCode) -> (NewTask, Event) {
         aggregate_id: msg.reservation_id.to_string(),
         tag: "INVENTORY_RELEASE_REQUESTED",
         message_key: msg.reservation_id.to_string(),
-        payload: payload.clone(),
+        payload: event_payload(&payload)?,
     };
     let task = NewTask {
         task_type: CompensationType::RedisStockRelease,
@@ -765,7 +766,7 @@ fn release(msg: &OrderCreateMessage, code: ResultCode) -> (NewTask, Event) {
         order_id: None,
         payload,
     };
-    (task, event)
+    Ok((task, event))
 }
 
 fn release_payload(msg: &OrderCreateMessage, code: ResultCode) -> serde_json::Value {
@@ -781,29 +782,47 @@ fn release_payload(msg: &OrderCreateMessage, code: ResultCode) -> serde_json::Va
     })
 }
 
-fn order_created_event(msg: &OrderCreateMessage) -> Event {
-    Event {
+fn order_created_event(msg: &OrderCreateMessage) -> Result<Event, StoreError> {
+    Ok(Event {
         dedup_key: format!("ORDER_CREATED:{}", msg.order_id),
         aggregate_type: "ORDER",
         aggregate_id: msg.order_id.to_string(),
         tag: "ORDER_CREATED",
         message_key: msg.order_id.to_string(),
-        payload: json!({
-            "order_id": msg.order_id,
-            "order_no": msg.order_no,
-            "reservation_id": msg.reservation_id,
-            "request_id": msg.request_id,
-            "activity_id": msg.activity_id,
-            "sku_id": msg.sku_id,
-            "user_id": msg.user_id,
-            "inventory_bucket": msg.inventory_bucket,
-            "unit_price": msg.unit_price,
-            "total_amount": msg.unit_price,
-            "currency": msg.currency,
-            "status": OrderStatus::Created.name(),
-            "expire_at": msg.order_expire_at,
-        }),
-    }
+        payload: event_payload(&OrderCreated {
+            order_id: msg.order_id,
+            order_no: &msg.order_no,
+            reservation_id: msg.reservation_id,
+            request_id: msg.request_id,
+            activity_id: msg.activity_id,
+            sku_id: msg.sku_id,
+            user_id: msg.user_id,
+            inventory_bucket: msg.inventory_bucket,
+            unit_price: msg.unit_price,
+            total_amount: msg.unit_price,
+            currency: &msg.currency,
+            status: OrderStatus::Created.name(),
+            expire_at: msg.order_expire_at,
+        })?,
+    })
+}
+
+/// The `ORDER_CREATED` event's payload.
+#[derive(Serialize)]
+struct OrderCreated<'m> {
+    order_id: i64,
+    order_no: &'m str,
+    reservation_id: Uuid,
+    request_id: Uuid,
+    activity_id: i64,
+    sku_id: i64,
+    user_id: i64,
+    inventory_bucket: i16,
+    unit_price: i64,
+    total_amount: i64,
+    currency: &'m str,
+    status: &'static str,
+    expire_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// One Redis give-back per reservation, whichever flow asks for it.

@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use super::compensation::{insert_task, NewTask};
 use super::orders::commit;
-use super::outbox::{insert_event, Event};
+use super::outbox::{insert_event, payload as event_payload, Event};
 use super::{PgConn, StatementCache, StoreError};
 use crate::domain::payment::{PaymentCallback, PaymentResult};
 use crate::domain::status::{CompensationType, OrderStatus, PaymentStatus};
@@ -121,7 +121,7 @@ pub async fn apply_callback(
                 aggregate_id: cb.order_id.to_string(),
                 tag: "ORDER_PAID",
                 message_key: cb.order_id.to_string(),
-                payload: json!({
+                payload: event_payload(&json!({
                     "order_id": cb.order_id,
                     "reservation_id": paid.get::<_, Uuid>(0),
                     "user_id": paid.get::<_, i64>(1),
@@ -129,7 +129,7 @@ pub async fn apply_callback(
                     "amount": cb.amount,
                     "currency": cb.currency,
                     "paid_at": cb.paid_at,
-                }),
+                }))?,
             },
         )
         .await?;
@@ -233,7 +233,7 @@ async fn refund(
             aggregate_id: cb.payment_id.to_string(),
             tag: "PAYMENT_REFUND_REQUIRED",
             message_key: cb.order_id.to_string(),
-            payload,
+            payload: event_payload(&payload)?,
         },
     )
     .await

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::compensation::{insert_task, NewTask};
 use super::orders::{commit, redis_release_key};
-use super::outbox::{insert_event, Event};
+use super::outbox::{insert_event, payload as event_payload, Event};
 use super::{PgConn, StoreError};
 use crate::domain::status::{CompensationType, LedgerType, ReservationStatus};
 
@@ -129,7 +129,7 @@ pub async fn cancel_next_expired(
             aggregate_id: order_id.to_string(),
             tag: "ORDER_CANCELLED",
             message_key: order_id.to_string(),
-            payload: payload.clone(),
+            payload: event_payload(&payload)?,
         },
     )
     .await?;

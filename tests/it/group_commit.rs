@@ -289,6 +289,36 @@ async fn a_speculative_batch_is_redone_carefully_unless_all_new_with_units() {
         (outcomes.iter().map(|o| o.label()).collect(), attempts)
     }
     assert_eq!(speculate(&mut conn, &fresh).await, (vec!["created"; 10], 1));
+    // The event every order announces itself with, field for field.
+    let m = &fresh[0];
+    let payload: serde_json::Value = env
+        .db()
+        .await
+        .query_one(
+            "SELECT payload FROM event_outbox WHERE dedup_key = 'ORDER_CREATED:' || $1::int8",
+            &[&m.order_id],
+        )
+        .await
+        .expect("the order's event")
+        .get(0);
+    assert_eq!(
+        payload,
+        serde_json::json!({
+            "order_id": m.order_id,
+            "order_no": m.order_no,
+            "reservation_id": m.reservation_id,
+            "request_id": m.request_id,
+            "activity_id": m.activity_id,
+            "sku_id": m.sku_id,
+            "user_id": m.user_id,
+            "inventory_bucket": m.inventory_bucket,
+            "unit_price": m.unit_price,
+            "total_amount": m.unit_price,
+            "currency": m.currency,
+            "status": "Created",
+            "expire_at": m.order_expire_at,
+        })
+    );
     assert_eq!(
         speculate(&mut conn, &again).await,
         (vec!["created", "duplicate"], 2)

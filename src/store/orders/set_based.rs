@@ -219,10 +219,10 @@ pub(super) async fn run_segment(
     let mut events = EventRows::default();
     let mut tasks = TaskRows::default();
     for msg in &granted_msgs {
-        events.push(order_created_event(msg));
+        events.push(order_created_event(msg)?);
     }
     for msg in &denied_msgs {
-        let (task, event) = release(msg, ResultCode::PostgresSoldOut);
+        let (task, event) = release(msg, ResultCode::PostgresSoldOut)?;
         tasks.push(task);
         events.push(event);
     }
@@ -374,7 +374,7 @@ pub(super) async fn run_fresh_transaction(
     let ledgers = LedgerRows::of(inputs, &all);
     let mut events = EventRows::default();
     for msg in &msgs {
-        events.push(order_created_event(msg));
+        events.push(order_created_event(msg)?);
     }
     let ordered = ReservationStatus::Ordered.code();
     let units = i32::try_from(n).map_err(|_| StoreError::Anomaly("segment too large".into()))?;
