@@ -33,7 +33,7 @@ mod set_based;
 use std::collections::HashSet;
 
 use super::compensation::{insert_task, NewTask};
-use super::outbox::{insert_event, payload as event_payload, Event};
+use super::outbox::{event_payload, insert_event, Event};
 use super::{PgConn, StatementCache, StoreError};
 use crate::domain::message::OrderCreateMessage;
 use crate::domain::outcome::{retry_in_place, OrderOutcome, ResultCode};

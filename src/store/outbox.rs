@@ -36,7 +36,7 @@ pub struct Event {
 pub type Payload = Box<RawValue>;
 
 /// Serializes an event's payload.
-pub fn payload(value: &impl Serialize) -> Result<Payload, StoreError> {
+pub fn event_payload(value: &impl Serialize) -> Result<Payload, StoreError> {
     serde_json::value::to_raw_value(value)
         .map_err(|e| StoreError::Anomaly(format!("event payload: {e}")))
 }

@@ -9,7 +9,7 @@ use uuid::Uuid;
 
 use super::compensation::{insert_task, NewTask};
 use super::orders::commit;
-use super::outbox::{insert_event, payload as event_payload, Event};
+use super::outbox::{event_payload, insert_event, Event};
 use super::{PgConn, StatementCache, StoreError};
 use crate::domain::payment::{PaymentCallback, PaymentResult};
 use crate::domain::status::{CompensationType, OrderStatus, PaymentStatus};

@@ -8,7 +8,7 @@ use uuid::Uuid;
 
 use super::compensation::{insert_task, NewTask};
 use super::orders::{commit, redis_release_key};
-use super::outbox::{insert_event, payload as event_payload, Event};
+use super::outbox::{event_payload, insert_event, Event};
 use super::{PgConn, StoreError};
 use crate::domain::status::{CompensationType, LedgerType, ReservationStatus};
 
