@@ -51,29 +51,19 @@ pub(super) async fn run_segment(
     let mut results: Vec<(usize, ResultCode, Option<i64>)> = Vec::new();
 
     // 1. Inbox (§9.1): the messages whose row already existed are redeliveries.
-    let hashes: Vec<Vec<u8>> = inputs.iter().map(|i| payload_hash(i.msg)).collect();
-    let message_ids: Vec<Uuid> = inputs.iter().map(|i| i.msg.message_id).collect();
-    let topics: Vec<&str> = inputs.iter().map(|i| i.topic).collect();
-    let reservation_ids: Vec<Uuid> = inputs.iter().map(|i| i.msg.reservation_id).collect();
-    let order_ids: Vec<i64> = inputs.iter().map(|i| i.msg.order_id).collect();
+    let inbox = InboxRows::of(inputs);
     let inserted: HashSet<Uuid> = tx
         .query(
             &st.get(tx, INSERT_INBOX).await?,
-            &[
-                &ctx.consumer_group,
-                &message_ids,
-                &topics,
-                &reservation_ids,
-                &hashes,
-                &order_ids,
-            ],
+            &inbox.params(&ctx.consumer_group),
         )
         .await?
         .iter()
         .map(|r| r.get(0))
         .collect();
     if inserted.len() < inputs.len() {
-        let seen: Vec<Uuid> = message_ids
+        let seen: Vec<Uuid> = inbox
+            .message_ids
             .iter()
             .filter(|id| !inserted.contains(id))
             .copied()
@@ -92,7 +82,7 @@ pub(super) async fn run_segment(
             let row = stored.get(&input.msg.message_id).ok_or_else(|| {
                 StoreError::Anomaly("inbox row that blocked an insert is gone".into())
             })?;
-            outcomes[i] = Some(StoredResult::from_row(row)?.answer(input.msg, &hashes[i])?);
+            outcomes[i] = Some(StoredResult::from_row(row)?.answer(input.msg, &inbox.hashes[i])?);
         }
     }
     let fresh: Vec<usize> = (0..inputs.len())
@@ -103,30 +93,12 @@ pub(super) async fn run_segment(
     //    invisible to everyone else; only the others need reading under a lock.
     let mut candidates = Vec::with_capacity(fresh.len());
     if !fresh.is_empty() {
-        let pick = |f: &dyn Fn(&OrderInput<'_>) -> Uuid| -> Vec<Uuid> {
-            fresh.iter().map(|&i| f(&inputs[i])).collect()
-        };
-        let expires: Vec<DateTime<Utc>> = fresh
-            .iter()
-            .map(|&i| reservation_expires_at(inputs[i].msg))
-            .collect::<Result<_, _>>()?;
-        let reserved_at: Vec<DateTime<Utc>> =
-            fresh.iter().map(|&i| inputs[i].msg.reserved_at).collect();
-        let users: Vec<i64> = fresh.iter().map(|&i| inputs[i].msg.user_id).collect();
+        let msgs: Vec<_> = fresh.iter().map(|&i| inputs[i].msg).collect();
+        let reservations = ReservationRows::of(&msgs)?;
         let ours: HashSet<Uuid> = tx
             .query(
                 &st.get(tx, INSERT_RESERVATIONS).await?,
-                &[
-                    &bucket.activity_id,
-                    &bucket.sku_id,
-                    &bucket.inventory_bucket,
-                    &pick(&|i| i.msg.reservation_id),
-                    &pick(&|i| i.msg.request_id),
-                    &pick(&|i| i.msg.message_id),
-                    &users,
-                    &reserved_at,
-                    &expires,
-                ],
+                &reservations.params(bucket),
             )
             .await?
             .iter()
@@ -164,20 +136,7 @@ pub(super) async fn run_segment(
         let created: HashSet<i64> = tx
             .query(
                 &st.get(tx, INSERT_ORDERS).await?,
-                &[
-                    &bucket.activity_id,
-                    &bucket.sku_id,
-                    &bucket.inventory_bucket,
-                    &msgs.iter().map(|m| m.order_id).collect::<Vec<_>>(),
-                    &msgs.iter().map(|m| m.order_no.as_str()).collect::<Vec<_>>(),
-                    &msgs.iter().map(|m| m.request_id).collect::<Vec<_>>(),
-                    &msgs.iter().map(|m| m.reservation_id).collect::<Vec<_>>(),
-                    &msgs.iter().map(|m| m.message_id).collect::<Vec<_>>(),
-                    &msgs.iter().map(|m| m.user_id).collect::<Vec<_>>(),
-                    &msgs.iter().map(|m| m.unit_price).collect::<Vec<_>>(),
-                    &msgs.iter().map(|m| m.currency.as_str()).collect::<Vec<_>>(),
-                    &msgs.iter().map(|m| m.order_expire_at).collect::<Vec<_>>(),
-                ],
+                &OrderRows::of(&msgs).params(bucket),
             )
             .await?
             .iter()
@@ -352,24 +311,10 @@ pub(super) async fn run_fresh_transaction(
     let bucket = inputs[0].msg;
     let n = inputs.len();
     let msgs: Vec<&OrderCreateMessage> = inputs.iter().map(|i| i.msg).collect();
-    let hashes: Vec<Vec<u8>> = msgs.iter().map(|m| payload_hash(m)).collect();
-    let message_ids: Vec<Uuid> = msgs.iter().map(|m| m.message_id).collect();
-    let topics: Vec<&str> = inputs.iter().map(|i| i.topic).collect();
-    let reservation_ids: Vec<Uuid> = msgs.iter().map(|m| m.reservation_id).collect();
-    let request_ids: Vec<Uuid> = msgs.iter().map(|m| m.request_id).collect();
-    let order_ids: Vec<i64> = msgs.iter().map(|m| m.order_id).collect();
-    let order_nos: Vec<&str> = msgs.iter().map(|m| m.order_no.as_str()).collect();
-    let users: Vec<i64> = msgs.iter().map(|m| m.user_id).collect();
-    let prices: Vec<i64> = msgs.iter().map(|m| m.unit_price).collect();
-    let currencies: Vec<&str> = msgs.iter().map(|m| m.currency.as_str()).collect();
-    let order_expiry: Vec<DateTime<Utc>> = msgs.iter().map(|m| m.order_expire_at).collect();
-    let reserved_at: Vec<DateTime<Utc>> = msgs.iter().map(|m| m.reserved_at).collect();
-    // The careful way computes this only for new messages, and reports it there.
-    let expires: Vec<DateTime<Utc>> = msgs
-        .iter()
-        .map(|m| reservation_expires_at(m))
-        .collect::<Result<_, _>>()
-        .map_err(|_| StoreError::Speculation)?;
+    let inbox = InboxRows::of(inputs);
+    // The careful way computes the expiry only for new messages, and reports it there.
+    let reservations = ReservationRows::of(&msgs).map_err(|_| StoreError::Speculation)?;
+    let orders = OrderRows::of(&msgs);
     let all: Vec<usize> = (0..n).collect();
     let ledgers = LedgerRows::of(inputs, &all);
     let mut events = EventRows::default();
@@ -393,50 +338,18 @@ pub(super) async fn run_fresh_transaction(
     let insert_items = st.get(client, INSERT_ORDER_ITEMS).await?;
     let insert_events = st.get(client, INSERT_EVENTS).await?;
     let take_all = st.get(client, TAKE_ALL).await?;
-    let timeouts: [&(dyn ToSql + Sync); 2] = [&ctx.lock_timeout, &ctx.statement_timeout];
-    let inbox_params: [&(dyn ToSql + Sync); 6] = [
-        &ctx.consumer_group,
-        &message_ids,
-        &topics,
-        &reservation_ids,
-        &hashes,
-        &order_ids,
-    ];
-    let reservation_params: [&(dyn ToSql + Sync); 11] = [
-        &bucket.activity_id,
-        &bucket.sku_id,
-        &bucket.inventory_bucket,
-        &reservation_ids,
-        &request_ids,
-        &message_ids,
-        &users,
-        &reserved_at,
-        &expires,
-        &ordered,
-        &order_ids,
-    ];
-    let order_params: [&(dyn ToSql + Sync); 12] = [
-        &bucket.activity_id,
-        &bucket.sku_id,
-        &bucket.inventory_bucket,
-        &order_ids,
-        &order_nos,
-        &request_ids,
-        &reservation_ids,
-        &message_ids,
-        &users,
-        &prices,
-        &currencies,
-        &order_expiry,
-    ];
-    let items_params: [&(dyn ToSql + Sync); 5] = [
+    let timeouts: [&Param; 2] = [&ctx.lock_timeout, &ctx.statement_timeout];
+    let inbox_params = inbox.params(&ctx.consumer_group);
+    let reservation_params = reservations.ordered_params(bucket, &ordered);
+    let order_params = orders.params(bucket);
+    let items_params: [&Param; 5] = [
         &bucket.activity_id,
         &bucket.sku_id,
         &ctx.sku_title,
-        &order_ids,
-        &prices,
+        &orders.order_ids,
+        &orders.prices,
     ];
-    let take_params: [&(dyn ToSql + Sync); 10] = [
+    let take_params: [&Param; 10] = [
         &bucket.activity_id,
         &bucket.sku_id,
         &bucket.inventory_bucket,
@@ -554,6 +467,141 @@ fn first_failure(answers: Vec<Result<u64, tokio_postgres::Error>>) -> Option<Sto
         Some(_) => StoreError::Db(e),
         None => StoreError::CommitOutcomeUnknown(e),
     })
+}
+
+/// The inbox rows of a segment's messages, as the columns of `INSERT_INBOX` and
+/// `INSERT_NEW_INBOX`.
+struct InboxRows<'a> {
+    message_ids: Vec<Uuid>,
+    topics: Vec<&'a str>,
+    reservation_ids: Vec<Uuid>,
+    hashes: Vec<Vec<u8>>,
+    order_ids: Vec<i64>,
+}
+
+impl<'a> InboxRows<'a> {
+    fn of(inputs: &[OrderInput<'a>]) -> Self {
+        Self {
+            message_ids: inputs.iter().map(|i| i.msg.message_id).collect(),
+            topics: inputs.iter().map(|i| i.topic).collect(),
+            reservation_ids: inputs.iter().map(|i| i.msg.reservation_id).collect(),
+            hashes: inputs.iter().map(|i| payload_hash(i.msg)).collect(),
+            order_ids: inputs.iter().map(|i| i.msg.order_id).collect(),
+        }
+    }
+
+    fn params<'p>(&'p self, consumer_group: &'p String) -> [&'p (dyn ToSql + Sync); 6] {
+        [
+            consumer_group,
+            &self.message_ids,
+            &self.topics,
+            &self.reservation_ids,
+            &self.hashes,
+            &self.order_ids,
+        ]
+    }
+}
+
+/// Reservation rows for messages, as the columns of `INSERT_RESERVATIONS` and
+/// `INSERT_ORDERED_RESERVATIONS`.
+struct ReservationRows {
+    reservation_ids: Vec<Uuid>,
+    request_ids: Vec<Uuid>,
+    message_ids: Vec<Uuid>,
+    users: Vec<i64>,
+    reserved_at: Vec<DateTime<Utc>>,
+    expires: Vec<DateTime<Utc>>,
+    order_ids: Vec<i64>,
+}
+
+impl ReservationRows {
+    /// Fails if a message's reservation has no valid expiry.
+    fn of(msgs: &[&OrderCreateMessage]) -> Result<Self, StoreError> {
+        Ok(Self {
+            reservation_ids: msgs.iter().map(|m| m.reservation_id).collect(),
+            request_ids: msgs.iter().map(|m| m.request_id).collect(),
+            message_ids: msgs.iter().map(|m| m.message_id).collect(),
+            users: msgs.iter().map(|m| m.user_id).collect(),
+            reserved_at: msgs.iter().map(|m| m.reserved_at).collect(),
+            expires: msgs
+                .iter()
+                .map(|m| reservation_expires_at(m))
+                .collect::<Result<_, _>>()?,
+            order_ids: msgs.iter().map(|m| m.order_id).collect(),
+        })
+    }
+
+    /// `INSERT_RESERVATIONS`' parameters.
+    fn params<'p>(&'p self, bucket: &'p OrderCreateMessage) -> [&'p Param; 9] {
+        [
+            &bucket.activity_id,
+            &bucket.sku_id,
+            &bucket.inventory_bucket,
+            &self.reservation_ids,
+            &self.request_ids,
+            &self.message_ids,
+            &self.users,
+            &self.reserved_at,
+            &self.expires,
+        ]
+    }
+
+    /// `INSERT_ORDERED_RESERVATIONS`' parameters: those of `params`, then the
+    /// ORDERED status code and the orders.
+    fn ordered_params<'p>(
+        &'p self,
+        bucket: &'p OrderCreateMessage,
+        ordered: &'p i16,
+    ) -> [&'p Param; 11] {
+        let [a, b, c, d, e, f, g, h, i] = self.params(bucket);
+        [a, b, c, d, e, f, g, h, i, ordered, &self.order_ids]
+    }
+}
+
+/// Order rows for messages, as the columns of `INSERT_ORDERS` and `INSERT_NEW_ORDERS`.
+struct OrderRows<'m> {
+    order_ids: Vec<i64>,
+    order_nos: Vec<&'m str>,
+    request_ids: Vec<Uuid>,
+    reservation_ids: Vec<Uuid>,
+    message_ids: Vec<Uuid>,
+    users: Vec<i64>,
+    prices: Vec<i64>,
+    currencies: Vec<&'m str>,
+    expire_at: Vec<DateTime<Utc>>,
+}
+
+impl<'m> OrderRows<'m> {
+    fn of(msgs: &[&'m OrderCreateMessage]) -> Self {
+        Self {
+            order_ids: msgs.iter().map(|m| m.order_id).collect(),
+            order_nos: msgs.iter().map(|m| m.order_no.as_str()).collect(),
+            request_ids: msgs.iter().map(|m| m.request_id).collect(),
+            reservation_ids: msgs.iter().map(|m| m.reservation_id).collect(),
+            message_ids: msgs.iter().map(|m| m.message_id).collect(),
+            users: msgs.iter().map(|m| m.user_id).collect(),
+            prices: msgs.iter().map(|m| m.unit_price).collect(),
+            currencies: msgs.iter().map(|m| m.currency.as_str()).collect(),
+            expire_at: msgs.iter().map(|m| m.order_expire_at).collect(),
+        }
+    }
+
+    fn params<'p>(&'p self, bucket: &'p OrderCreateMessage) -> [&'p (dyn ToSql + Sync); 12] {
+        [
+            &bucket.activity_id,
+            &bucket.sku_id,
+            &bucket.inventory_bucket,
+            &self.order_ids,
+            &self.order_nos,
+            &self.request_ids,
+            &self.reservation_ids,
+            &self.message_ids,
+            &self.users,
+            &self.prices,
+            &self.currencies,
+            &self.expire_at,
+        ]
+    }
 }
 
 /// The ledger rows of a segment's eligible orders, in arrival order; the first
