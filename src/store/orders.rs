@@ -28,6 +28,27 @@ use tokio_postgres::types::ToSql;
 use tokio_postgres::Transaction;
 use uuid::Uuid;
 
+/// The conditional inventory UPDATE of seed §9.4 that takes $4 units from the bucket
+/// ($1, $2, $3) if it holds them, returning the values before. Shared by
+/// `ALLOCATE_UNITS` and the set-based statements, which wrap it; a macro so that every
+/// one of them stays static SQL.
+macro_rules! allocate_units {
+    () => {
+        "
+UPDATE sku_inventory
+SET available_stock = available_stock - $4,
+    allocated_stock = allocated_stock + $4,
+    version = version + $4,
+    updated_at = statement_timestamp()
+WHERE activity_id = $1
+  AND sku_id = $2
+  AND bucket_no = $3
+  AND available_stock >= $4
+RETURNING available_stock + $4 AS before_available,
+          allocated_stock - $4 AS before_allocated"
+    };
+}
+
 mod set_based;
 
 use std::collections::HashSet;
@@ -951,19 +972,7 @@ WHERE activity_id = $1 AND sku_id = $2 AND user_id = $3";
 
 /// $4 units at once (the per-message path takes 1; `set_based::TAKE_UNITS` is the
 /// same UPDATE with the ledger rows); `version` counts units taken.
-const ALLOCATE_UNITS: &str = "
-UPDATE sku_inventory
-SET available_stock = available_stock - $4,
-    allocated_stock = allocated_stock + $4,
-    version = version + $4,
-    updated_at = statement_timestamp()
-WHERE activity_id = $1
-  AND sku_id = $2
-  AND bucket_no = $3
-  AND available_stock >= $4
-RETURNING
-    available_stock + $4 AS before_available,
-    allocated_stock - $4 AS before_allocated";
+const ALLOCATE_UNITS: &str = allocate_units!();
 
 const DELETE_PROVISIONAL_ORDER: &str = "DELETE FROM orders WHERE order_id = $1";
 

@@ -834,7 +834,7 @@ INSERT INTO order_items (
 SELECT m.order_id, 1, $1::int8, $2::int8, $3::text, 1, m.unit_price, m.unit_price
 FROM unnest($4::int8[], $5::int8[]) AS m(order_id, unit_price)";
 
-/// Takes $4 units from the bucket if it holds them (as `ALLOCATE_UNITS`) and writes
+/// Takes $4 units from the bucket if it holds them (`allocate_units!`) and writes
 /// the ledger rows of the orders that get them. The k-th order sees the bucket as if
 /// the units had been taken one at a time: its before values are the after values of
 /// order k-1. A macro so that both statements below stay static SQL.
@@ -842,18 +842,9 @@ macro_rules! take_units_then {
     ($select:literal) => {
         concat!(
             "
-WITH taken AS (
-    UPDATE sku_inventory
-    SET available_stock = available_stock - $4,
-        allocated_stock = allocated_stock + $4,
-        version = version + $4,
-        updated_at = statement_timestamp()
-    WHERE activity_id = $1
-      AND sku_id = $2
-      AND bucket_no = $3
-      AND available_stock >= $4
-    RETURNING available_stock + $4 AS before_available,
-              allocated_stock - $4 AS before_allocated
+WITH taken AS (",
+            allocate_units!(),
+            "
 ), ledger AS (
     INSERT INTO inventory_ledger (
         ledger_id, idempotency_key, reservation_id, order_id, source_message_id,
