@@ -143,15 +143,27 @@ async fn run_on(
 
 /// Every row that matters, as text, without generated ids and timestamps.
 async fn snapshot(db: &Client) -> Vec<String> {
+    // Every column written from the messages, so that a value bound to the wrong
+    // column shows; the times the transactions stamp themselves differ by nature.
     let queries = [
-        "SELECT row(reservation_id, order_id, user_id, inventory_bucket, status)::text FROM orders",
+        "SELECT row(order_id, order_no, request_id, reservation_id, source_message_id, activity_id,
+                    sku_id, user_id, inventory_bucket, quantity, unit_price, total_amount,
+                    currency, status, expire_at)::text FROM orders",
+        "SELECT row(order_id, line_no, activity_id, sku_id, sku_title, quantity, unit_price,
+                    line_amount)::text FROM order_items",
         "SELECT row(bucket_no, total_stock, available_stock, allocated_stock, version)::text FROM sku_inventory",
-        "SELECT row(reservation_id, status, failure_code, order_id, version, ordered_at IS NULL)::text
+        "SELECT row(reservation_id, request_id, first_message_id, activity_id, sku_id, user_id,
+                    inventory_bucket, quantity, status, failure_code, order_id, redis_reserved_at,
+                    expires_at, version, ordered_at IS NULL)::text
            FROM inventory_reservation",
-        "SELECT row(message_id, result_code, order_id)::text FROM consumer_inbox",
-        "SELECT row(order_id, reservation_id, ledger_type, before_available, after_available,
-                    before_allocated, after_allocated)::text FROM inventory_ledger",
-        "SELECT row(dedup_key, tag)::text FROM event_outbox",
+        "SELECT row(consumer_group, message_id, topic, tag, message_key, reservation_id,
+                    payload_hash, status, result_code, order_id)::text FROM consumer_inbox",
+        "SELECT row(ledger_id IS NULL, idempotency_key, reservation_id, order_id, source_message_id,
+                    activity_id, sku_id, user_id, inventory_bucket, ledger_type, available_delta,
+                    allocated_delta, before_available, after_available, before_allocated,
+                    after_allocated, reason)::text FROM inventory_ledger",
+        "SELECT row(dedup_key, aggregate_type, aggregate_id, topic, tag, message_key, payload)::text
+           FROM event_outbox",
         "SELECT row(idempotency_key, task_type)::text FROM compensation_task",
     ];
     let mut out = Vec::new();
