@@ -566,6 +566,19 @@ async fn serve_exposes_liveness_readiness_and_metrics_that_count_outcomes() {
         })
         .await;
         assert!(settled);
+        // A COMMIT is visible in PostgreSQL before the engine has read its answer and
+        // counted the outcome, so the inbox rows alone do not mean the counters are in.
+        let counted = crate::common::wait_until(std::time::Duration::from_secs(10), || async {
+            let text = get("/metrics").await.1;
+            let outcomes: f64 = text
+                .lines()
+                .filter(|l| l.starts_with("seckill_orders_total{"))
+                .filter_map(|l| l.rsplit_once(' ')?.1.parse::<f64>().ok())
+                .sum();
+            outcomes == 20.0
+        })
+        .await;
+        assert!(counted, "the engine never counted 20 outcomes");
         let (status, text) = get("/metrics").await;
         assert_eq!(status, 200);
         // Prometheus text: comments, or `name{labels} value`.
