@@ -340,7 +340,7 @@ pub(super) async fn run_fresh_transaction(
     let take_all = st.get(client, TAKE_ALL).await?;
     let timeouts: [&Param; 2] = [&ctx.lock_timeout, &ctx.statement_timeout];
     let inbox_params = inbox.params(&ctx.consumer_group);
-    let reservation_params = reservations.ordered_params(bucket, &ordered);
+    let reservation_params = reservations.ordered_params(bucket, &ordered, &orders.order_ids);
     let order_params = orders.params(bucket);
     let items_params: [&Param; 5] = [
         &bucket.activity_id,
@@ -511,7 +511,6 @@ struct ReservationRows {
     users: Vec<i64>,
     reserved_at: Vec<DateTime<Utc>>,
     expires: Vec<DateTime<Utc>>,
-    order_ids: Vec<i64>,
 }
 
 impl ReservationRows {
@@ -527,7 +526,6 @@ impl ReservationRows {
                 .iter()
                 .map(|m| reservation_expires_at(m))
                 .collect::<Result<_, _>>()?,
-            order_ids: msgs.iter().map(|m| m.order_id).collect(),
         })
     }
 
@@ -547,14 +545,15 @@ impl ReservationRows {
     }
 
     /// `INSERT_ORDERED_RESERVATIONS`' parameters: those of `params`, then the
-    /// ORDERED status code and the orders.
+    /// ORDERED status code and the messages' orders.
     fn ordered_params<'p>(
         &'p self,
         bucket: &'p OrderCreateMessage,
         ordered: &'p i16,
+        order_ids: &'p Vec<i64>,
     ) -> [&'p Param; 11] {
         let [a, b, c, d, e, f, g, h, i] = self.params(bucket);
-        [a, b, c, d, e, f, g, h, i, ordered, &self.order_ids]
+        [a, b, c, d, e, f, g, h, i, ordered, order_ids]
     }
 }
 
