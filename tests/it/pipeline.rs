@@ -52,6 +52,23 @@ async fn assert_all_acked(env: &TestEnv) {
     seckill_engine::mq::close(&conn, &[&channel]).await;
 }
 
+/// Starts the engine, publishes `msgs` and stops it once each has its inbox row.
+async fn run_to_settlement(env: &TestEnv, db: &Client, msgs: &[OrderCreateMessage]) {
+    let engine = EngineHandle::start(&env.settings).await;
+    let amqp = env.amqp().await;
+    builders::publish(env, &amqp, msgs).await;
+    wait_inbox(db, msgs.len() as i64).await;
+    engine.stop().await;
+}
+
+/// The closing checks of a test that ran the engine: the §13.3 invariants hold and
+/// every message was acked; then the test's database and queues go.
+async fn finish(env: TestEnv, db: &Client) {
+    assert_invariants(db).await;
+    assert_all_acked(&env).await;
+    env.cleanup().await;
+}
+
 fn code(results: &HashMap<String, i64>, code: &str) -> i64 {
     results.get(code).copied().unwrap_or(0)
 }
@@ -63,11 +80,7 @@ async fn ten_thousand_messages_for_one_user_make_one_order() {
     builders::activity(&mut db, 1, 1, 100, 1).await;
     let msgs: Vec<OrderCreateMessage> = (0..10_000).map(|_| order(1, 1, 42, 0)).collect();
 
-    let engine = EngineHandle::start(&env.settings).await;
-    let amqp = env.amqp().await;
-    builders::publish(&env, &amqp, &msgs).await;
-    wait_inbox(&db, 10_000).await;
-    engine.stop().await;
+    run_to_settlement(&env, &db, &msgs).await;
 
     let r = results(&db).await;
     assert_eq!(code(&r, "ORDER_CREATED"), 1, "{r:?}");
@@ -101,9 +114,7 @@ async fn ten_thousand_messages_for_one_user_make_one_order() {
         .await,
         1
     );
-    assert_invariants(&db).await;
-    assert_all_acked(&env).await;
-    env.cleanup().await;
+    finish(env, &db).await;
 }
 
 #[actix_rt::test]
@@ -113,11 +124,7 @@ async fn stock_of_one_goes_to_exactly_one_of_a_thousand_buyers() {
     builders::activity(&mut db, 2, 1, 1, 1).await;
     let msgs: Vec<_> = (1..=1_000).map(|user| order(2, 1, user, 0)).collect();
 
-    let engine = EngineHandle::start(&env.settings).await;
-    let amqp = env.amqp().await;
-    builders::publish(&env, &amqp, &msgs).await;
-    wait_inbox(&db, 1_000).await;
-    engine.stop().await;
+    run_to_settlement(&env, &db, &msgs).await;
 
     let r = results(&db).await;
     assert_eq!(code(&r, "ORDER_CREATED"), 1, "{r:?}");
@@ -130,9 +137,7 @@ async fn stock_of_one_goes_to_exactly_one_of_a_thousand_buyers() {
     assert_eq!(row.get::<_, i32>(1), 0);
     // The sold-out path removed its provisional orders: one order row in all.
     assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 1);
-    assert_invariants(&db).await;
-    assert_all_acked(&env).await;
-    env.cleanup().await;
+    finish(env, &db).await;
 }
 
 #[actix_rt::test]
@@ -186,9 +191,7 @@ async fn one_message_delivered_a_thousand_times_has_one_effect() {
         .await,
         1
     );
-    assert_invariants(&db).await;
-    assert_all_acked(&env).await;
-    env.cleanup().await;
+    finish(env, &db).await;
 }
 
 #[actix_rt::test]
@@ -200,11 +203,7 @@ async fn one_reservation_under_fifty_message_ids_makes_one_order() {
     let mut msgs = vec![first.clone()];
     msgs.extend((1..50).map(|_| resend(&first)));
 
-    let engine = EngineHandle::start(&env.settings).await;
-    let amqp = env.amqp().await;
-    builders::publish(&env, &amqp, &msgs).await;
-    wait_inbox(&db, 50).await;
-    engine.stop().await;
+    run_to_settlement(&env, &db, &msgs).await;
 
     let r = results(&db).await;
     assert_eq!(code(&r, "ORDER_CREATED"), 1, "{r:?}");
@@ -222,9 +221,7 @@ async fn one_reservation_under_fifty_message_ids_makes_one_order() {
         "every message answers with the one order"
     );
     assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 1);
-    assert_invariants(&db).await;
-    assert_all_acked(&env).await;
-    env.cleanup().await;
+    finish(env, &db).await;
 }
 
 #[actix_rt::test]
@@ -236,11 +233,7 @@ async fn sixty_four_buckets_sell_exactly_what_each_bucket_holds() {
         .map(|user| order(5, 1, user + 1, (user % 64) as i16))
         .collect();
 
-    let engine = EngineHandle::start(&env.settings).await;
-    let amqp = env.amqp().await;
-    builders::publish(&env, &amqp, &msgs).await;
-    wait_inbox(&db, 5_000).await;
-    engine.stop().await;
+    run_to_settlement(&env, &db, &msgs).await;
 
     // What each bucket can serve: min(its stock, the buyers routed to it).
     let stock = seckill_engine::store::activity::split_stock(100, 64);
@@ -265,9 +258,7 @@ async fn sixty_four_buckets_sell_exactly_what_each_bucket_holds() {
         .await,
         0
     );
-    assert_invariants(&db).await;
-    assert_all_acked(&env).await;
-    env.cleanup().await;
+    finish(env, &db).await;
 }
 
 /// Reads every message in the dead-letter queue: (kind header, reason header, body).
@@ -404,9 +395,7 @@ async fn poison_messages_are_dead_lettered_with_their_reason_and_valid_ones_stil
     );
     let r = results(&db).await;
     assert_eq!(code(&r, "ORDER_CREATED"), 300, "{r:?}");
-    assert_invariants(&db).await;
-    assert_all_acked(&env).await;
-    env.cleanup().await;
+    finish(env, &db).await;
 }
 
 #[actix_rt::test]
@@ -450,9 +439,7 @@ async fn a_crash_mid_flight_loses_nothing_and_duplicates_nothing() {
             .await,
         5_000
     );
-    assert_invariants(&db).await;
-    assert_all_acked(&env).await;
-    env.cleanup().await;
+    finish(env, &db).await;
 }
 
 #[actix_rt::test]
@@ -504,9 +491,7 @@ async fn a_slow_database_stops_the_intake_not_the_broker() {
         results(&db).await.get("ORDER_CREATED").copied(),
         Some(2_000)
     );
-    assert_invariants(&db).await;
-    assert_all_acked(&env).await;
-    env.cleanup().await;
+    finish(env, &db).await;
 }
 
 #[actix_rt::test]
@@ -694,9 +679,7 @@ async fn group_commit_in_the_engine_keeps_every_promise_and_isolates_a_bad_messa
         transactions < 1_000,
         "{transactions} transactions for 2,000 messages: no group commit happened"
     );
-    assert_invariants(&db).await;
-    assert_all_acked(&env).await;
-    env.cleanup().await;
+    finish(env, &db).await;
 }
 
 /// `engine.batch_max_size = 1` is the seed's per-message path, the side the
@@ -722,12 +705,9 @@ async fn one_message_per_transaction_never_speculates() {
         .expect("track function calls");
         builders::activity(&mut db, 66, 1, 100, 1).await;
         let msgs: Vec<_> = (1..=60).map(|user| order(66, 1, user, 0)).collect();
-        let engine = EngineHandle::start(&env.settings).await;
-        let amqp = env.amqp().await;
-        builders::publish(&env, &amqp, &msgs).await;
-        wait_inbox(&db, 60).await;
-        // A backend reports its statistics when it exits at the latest.
-        engine.stop().await;
+        // Stopping the engine ends its sessions, and a backend reports its
+        // statistics when it exits at the latest.
+        run_to_settlement(&env, &db, &msgs).await;
         let inserted = || async {
             count(
                 &db,
