@@ -35,6 +35,9 @@ use crate::store::compensation::{TaskRows, INSERT_TASKS};
 use crate::store::outbox::{EventRows, INSERT_EVENTS};
 use crate::store::{PgConn, StatementCache, StoreError};
 
+/// A statement parameter of a `'static` type (the alias implies `+ 'static`); lists
+/// holding borrowed values (the messages' `&str` columns, slices of the ledger rows)
+/// are spelled `dyn ToSql + Sync`.
 type Param = dyn ToSql + Sync;
 
 /// Runs the segment's messages; one outcome per message, in order.
