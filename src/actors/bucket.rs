@@ -3,9 +3,7 @@
 //! while transactions run, the orders that arrive wait in the actor, and the next
 //! transaction takes up to `engine.batch_max_size` of them in arrival order (one
 //! COMMIT for all). Up to `engine.bucket_pipeline` transactions run at once, so one's
-//! inserts overlap another's inventory UPDATE and COMMIT, but a new one starts only
-//! once the last one started has the row (or none runs), so that it takes every
-//! order that waited meanwhile rather than the first; an `AllocationTurn` chain
+//! inserts overlap another's inventory UPDATE and COMMIT; an `AllocationTurn` chain
 //! gives them the inventory row one at a time, from UPDATE to COMMIT, in the order
 //! the batches were formed, so inside one instance the hot row never waits on a
 //! PostgreSQL row lock. Orders related to a running transaction (a shared message,
@@ -83,8 +81,6 @@ pub struct BucketActor {
     running_keys: HashMap<OrderKey, usize>,
     /// What the next transaction's allocation turn waits on.
     last_turn: Option<watch::Receiver<Stage>>,
-    /// What the last transaction started waits on for its turn.
-    ahead_of_last: Option<watch::Receiver<Stage>>,
 }
 
 /// An order waiting for a transaction, with its keys and where its answer goes.
@@ -114,28 +110,12 @@ impl BucketActor {
             running: 0,
             running_keys: HashMap::new(),
             last_turn: None,
-            ahead_of_last: None,
         }
-    }
-
-    /// Whether a new transaction may start now. One started while another still
-    /// waits for the inventory row would wait behind it anyway, holding only the
-    /// orders that arrived meanwhile (often one), and every transaction costs
-    /// PostgreSQL a fixed price whatever it holds: so orders wait here until the
-    /// last transaction started has the row, and then go together
-    /// (docs/BENCHMARKS.md, session 12).
-    fn may_start(&self) -> bool {
-        self.running == 0
-            || self.shared.batch_max_size <= 1
-            || self.ahead_of_last.as_ref().is_none_or(has_passed)
     }
 
     /// Starts transactions while a pipeline slot is free and orders wait.
     fn next_batch(&mut self, ctx: &mut Context<Self>) {
-        while self.running < self.shared.pipeline.max(1)
-            && self.may_start()
-            && self.start_batch(ctx)
-        {}
+        while self.running < self.shared.pipeline.max(1) && self.start_batch(ctx) {}
     }
 
     /// Starts a transaction with the orders at the head of the queue, up to the
@@ -166,20 +146,8 @@ impl BucketActor {
         let (shared, key, cached) = (self.shared.clone(), self.key, self.sku_title.clone());
         // One message per transaction is the seed's per-message path, unchanged.
         let speculate = self.speculate && self.shared.batch_max_size > 1;
-        let ahead = self.last_turn.take();
-        self.ahead_of_last = ahead.clone();
-        let (mut turn, next) = AllocationTurn::after(ahead);
+        let (mut turn, next) = AllocationTurn::after(self.last_turn.take());
         self.last_turn = Some(next);
-        // When this transaction gets the row, the orders that waited meanwhile go.
-        if let Some(mut ahead) = self.ahead_of_last.clone() {
-            ctx.spawn(
-                async move {
-                    let _ = ahead.wait_for(|s| *s >= Stage::Passed).await;
-                }
-                .into_actor(self)
-                .map(|(), actor, ctx| actor.next_batch(ctx)),
-            );
-        }
         let work = async move {
             let mut title = cached;
             let results = run_group(&shared, key, speculate, &mut title, &mut turn, &runs).await;
@@ -227,22 +195,13 @@ impl Handler<RunOrder> for BucketActor {
             run,
             reply,
         });
-        // While transactions run, the next starts when the last one started gets
-        // the row or when one ends (`start_batch`), with every order waiting then.
-        if self.running == 0 || self.shared.batch_max_size <= 1 {
-            self.next_batch(ctx);
-        }
+        self.next_batch(ctx);
         Box::pin(async move {
             answer
                 .await
                 .unwrap_or(Err(ErrorClass::Transient("bucket_stopped")))
         })
     }
-}
-
-/// Whether the turn behind `turn` has passed (a turn that is gone has).
-fn has_passed(turn: &watch::Receiver<Stage>) -> bool {
-    turn.has_changed().is_err() || *turn.borrow() >= Stage::Passed
 }
 
 /// Runs `runs` in one transaction; if it fails for a reason retrying cannot fix
