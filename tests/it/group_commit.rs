@@ -20,7 +20,7 @@ use seckill_engine::store::PgConn;
 use tokio_postgres::Client;
 
 use crate::common::builders::{self, order, resend};
-use crate::common::{assert_invariants, count, sequential_scans, TestEnv};
+use crate::common::{assert_invariants, count, index_entries_read, sequential_scans, TestEnv};
 
 /// One message of a mix.
 #[derive(Debug, Clone)]
@@ -483,6 +483,34 @@ async fn small_batches_on_fresh_tables_never_scan_them() {
         "100 order transactions of 4 scanned these tables"
     );
     assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 400);
+    assert_invariants(&db).await;
+    env.cleanup().await;
+}
+
+/// A batch that ends without orders (sold out, redelivered) reads and updates its
+/// inbox rows by their full key. Joined on (consumer_group, message_id) to the
+/// batch's arrays, the generic plan PostgreSQL froze on the sale's first rows read
+/// every row of the consumer group instead, once per batch: quadratic in the inbox,
+/// and what made a sold-out backlog crawl (docs/BENCHMARKS.md, session 13).
+#[tokio::test]
+async fn batches_without_orders_read_the_inbox_by_key() {
+    let env = TestEnv::new().await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 65, 1, 10, 1).await;
+    let msgs: Vec<_> = (1..=400).map(|user| order(65, 1, user, 0)).collect();
+    let mut conn = connection(env.db().await);
+    // 10 created and 390 sold out, then every message redelivered.
+    run_on(&mut conn, &msgs, &[4], false).await;
+    let again = run_on(&mut conn, &msgs, &[4], false).await;
+    assert!(again.iter().all(|o| o.duplicate), "{again:?}");
+    let read = index_entries_read(&conn.client, &db, &["pk_consumer_inbox"]).await;
+    // By key: about one entry per message for each of the insert's conflict check
+    // and the read or update after it. The whole group per batch: about 60,000.
+    assert!(
+        read.iter().all(|(_, n)| *n <= 4 * 800),
+        "inbox index entries read for 800 messages in batches of 4: {read:?}"
+    );
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 10);
     assert_invariants(&db).await;
     env.cleanup().await;
 }

@@ -740,17 +740,34 @@ RETURNING message_id"
 /// For messages taken to be new: a redelivery fails the statement (23505).
 const INSERT_NEW_INBOX: &str = insert_inbox_then!("");
 
+// The inbox is read and updated one row per message, found by its full key in a
+// subquery of its own. As a join of the arrays to the table on (consumer_group,
+// message_id), the generic plan PostgreSQL makes on the sale's first few rows (no
+// statistics yet) reads every row of the consumer group with the index's first
+// column instead, and keeps doing so as the inbox grows: quadratic over a sale
+// (docs/BENCHMARKS.md, session 13). Inside the subquery the message id is a known
+// value, so the only index path takes both columns: one probe, at any size.
+
 /// `StoredResult`'s columns, then the message id.
 const LOAD_INBOX: &str = "
-SELECT result_code, order_id, payload_hash, message_id
-FROM consumer_inbox
-WHERE consumer_group = $1 AND message_id = ANY ($2::uuid[])";
+SELECT i.result_code, i.order_id, i.payload_hash, i.message_id
+FROM unnest($2::uuid[]) AS m(message_id)
+CROSS JOIN LATERAL (
+    SELECT result_code, order_id, payload_hash, message_id
+    FROM consumer_inbox
+    WHERE consumer_group = $1 AND message_id = m.message_id
+    OFFSET 0
+) AS i";
 
+/// For inbox rows this transaction inserted (so nobody else can change them): each
+/// found by its key, then updated by its address.
 const UPDATE_INBOX_RESULTS: &str = "
 UPDATE consumer_inbox AS i
 SET result_code = m.code, order_id = m.order_id, processed_at = statement_timestamp()
 FROM unnest($2::uuid[], $3::text[], $4::int8[]) AS m(message_id, code, order_id)
-WHERE i.consumer_group = $1 AND i.message_id = m.message_id";
+WHERE i.ctid = (
+    SELECT ctid FROM consumer_inbox WHERE consumer_group = $1 AND message_id = m.message_id
+)";
 
 const INSERT_RESERVATIONS: &str = "
 INSERT INTO inventory_reservation (
