@@ -3,7 +3,9 @@
 //! while transactions run, the orders that arrive wait in the actor, and the next
 //! transaction takes up to `engine.batch_max_size` of them in arrival order (one
 //! COMMIT for all). Up to `engine.bucket_pipeline` transactions run at once, so one's
-//! inserts overlap another's inventory UPDATE and COMMIT; an `AllocationTurn` chain
+//! inserts overlap another's inventory UPDATE and COMMIT, but a new one starts only
+//! once the last one started has the row (or none runs), so that it takes every
+//! order that waited meanwhile rather than the first; an `AllocationTurn` chain
 //! gives them the inventory row one at a time, from UPDATE to COMMIT, in the order
 //! the batches were formed, so inside one instance the hot row never waits on a
 //! PostgreSQL row lock. Orders related to a running transaction (a shared message,
@@ -15,7 +17,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 
@@ -25,9 +27,9 @@ use crate::domain::outcome::{ErrorClass, OrderOutcome, ResultCode};
 use crate::store::orders::{
     create_orders, load_bucket_sku, AllocationTurn, OrderInput, OrderKey, OrderTxContext, Stage,
 };
-use crate::store::{Pool, StoreError};
+use crate::store::{Pool, PooledConn, StoreError};
 use futures_util::future::LocalBoxFuture;
-use tokio::sync::{oneshot, watch};
+use tokio::sync::{oneshot, watch, Semaphore, SemaphorePermit};
 
 /// Identifies one inventory row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -50,6 +52,12 @@ impl BucketKey {
 /// Settings shared by every bucket actor.
 pub struct BucketShared {
     pub pool: Pool,
+    /// Order transactions queue here, first come first served, for one of the
+    /// pool's connections (see `connect`).
+    pub connections: Semaphore,
+    /// How long an order transaction waits for a connection before it counts as a
+    /// transient failure (`database.acquire_timeout_ms`).
+    pub acquire_timeout: Duration,
     pub ids: Arc<IdGenerator>,
     pub consumer_group: String,
     pub lock_timeout: String,
@@ -81,6 +89,8 @@ pub struct BucketActor {
     running_keys: HashMap<OrderKey, usize>,
     /// What the next transaction's allocation turn waits on.
     last_turn: Option<watch::Receiver<Stage>>,
+    /// What the last transaction started waits on for its turn.
+    ahead_of_last: Option<watch::Receiver<Stage>>,
 }
 
 /// An order waiting for a transaction, with its keys and where its answer goes.
@@ -110,12 +120,28 @@ impl BucketActor {
             running: 0,
             running_keys: HashMap::new(),
             last_turn: None,
+            ahead_of_last: None,
         }
+    }
+
+    /// Whether a new transaction may start now. One started while another still
+    /// waits for the inventory row would wait behind it anyway, holding only the
+    /// orders that arrived meanwhile (often one), and every transaction costs
+    /// PostgreSQL a fixed price whatever it holds: so orders wait here until the
+    /// last transaction started has the row, and then go together
+    /// (docs/BENCHMARKS.md, session 12).
+    fn may_start(&self) -> bool {
+        self.running == 0
+            || self.shared.batch_max_size <= 1
+            || self.ahead_of_last.as_ref().is_none_or(has_passed)
     }
 
     /// Starts transactions while a pipeline slot is free and orders wait.
     fn next_batch(&mut self, ctx: &mut Context<Self>) {
-        while self.running < self.shared.pipeline.max(1) && self.start_batch(ctx) {}
+        while self.running < self.shared.pipeline.max(1)
+            && self.may_start()
+            && self.start_batch(ctx)
+        {}
     }
 
     /// Starts a transaction with the orders at the head of the queue, up to the
@@ -146,8 +172,20 @@ impl BucketActor {
         let (shared, key, cached) = (self.shared.clone(), self.key, self.sku_title.clone());
         // One message per transaction is the seed's per-message path, unchanged.
         let speculate = self.speculate && self.shared.batch_max_size > 1;
-        let (mut turn, next) = AllocationTurn::after(self.last_turn.take());
+        let ahead = self.last_turn.take();
+        self.ahead_of_last = ahead.clone();
+        let (mut turn, next) = AllocationTurn::after(ahead);
         self.last_turn = Some(next);
+        // When this transaction gets the row, the orders that waited meanwhile go.
+        if let Some(mut ahead) = self.ahead_of_last.clone() {
+            ctx.spawn(
+                async move {
+                    let _ = ahead.wait_for(|s| *s >= Stage::Passed).await;
+                }
+                .into_actor(self)
+                .map(|(), actor, ctx| actor.next_batch(ctx)),
+            );
+        }
         let work = async move {
             let mut title = cached;
             let results = run_group(&shared, key, speculate, &mut title, &mut turn, &runs).await;
@@ -195,13 +233,22 @@ impl Handler<RunOrder> for BucketActor {
             run,
             reply,
         });
-        self.next_batch(ctx);
+        // While transactions run, the next starts when the last one started gets
+        // the row or when one ends (`start_batch`), with every order waiting then.
+        if self.running == 0 || self.shared.batch_max_size <= 1 {
+            self.next_batch(ctx);
+        }
         Box::pin(async move {
             answer
                 .await
                 .unwrap_or(Err(ErrorClass::Transient("bucket_stopped")))
         })
     }
+}
+
+/// Whether the turn behind `turn` has passed (a turn that is gone has).
+fn has_passed(turn: &watch::Receiver<Stage>) -> bool {
+    turn.has_changed().is_err() || *turn.borrow() >= Stage::Passed
 }
 
 /// Runs `runs` in one transaction; if it fails for a reason retrying cannot fix
@@ -328,6 +375,30 @@ struct Done {
     pool_acquire: std::time::Duration,
 }
 
+/// A pooled connection for an order transaction, taken in the order asked. The pool
+/// alone does not queue: a connection put back wakes one waiter, but a caller that
+/// arrives meanwhile takes it first, and the waiter queues again at the back. With
+/// 64 buckets' transactions asking for 16 connections, some waited past the 1 s
+/// timeout while the mean wait was 0.1–0.2 s (docs/BENCHMARKS.md, session 13).
+/// At most a pool's worth of order transactions ask the pool at once; the others
+/// wait here, in turn. The permit goes with the connection.
+async fn connect(
+    shared: &BucketShared,
+) -> Result<(SemaphorePermit<'_>, PooledConn<'_>), StoreError> {
+    let queued = async {
+        // The semaphore is never closed.
+        let permit = shared
+            .connections
+            .acquire()
+            .await
+            .map_err(|_| StoreError::PoolTimeout)?;
+        Ok((permit, shared.pool.get().await?))
+    };
+    tokio::time::timeout(shared.acquire_timeout, queued)
+        .await
+        .unwrap_or(Err(StoreError::PoolTimeout))
+}
+
 async fn run_orders(
     shared: &BucketShared,
     key: BucketKey,
@@ -338,7 +409,7 @@ async fn run_orders(
 ) -> Result<Done, StoreError> {
     turn.wait_seat().await;
     let acquire = Instant::now();
-    let mut conn = shared.pool.get().await?;
+    let (_queued, mut conn) = connect(shared).await?;
     turn.seated();
     let pool_acquire = acquire.elapsed();
     metrics::histogram!("seckill_db_pool_acquire_seconds").record(pool_acquire.as_secs_f64());

@@ -494,6 +494,54 @@ async fn a_slow_database_stops_the_intake_not_the_broker() {
     finish(env, &db).await;
 }
 
+/// Orders that arrive while a bucket's transaction runs wait for it to reach the
+/// inventory row and then go together: a transaction started for each of the first
+/// arrivals would only queue behind the running one, one order each, at a
+/// transaction's full price (docs/BENCHMARKS.md, session 12).
+#[actix_rt::test]
+async fn orders_arriving_during_a_transaction_go_together() {
+    let env = TestEnv::with(|f| {
+        f.merge(Serialized::default("database.lock_timeout_ms", 60_000))
+            .merge(Serialized::default("database.statement_timeout_ms", 60_000))
+    })
+    .await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 9, 1, 100, 1).await;
+    let holder = env.db().await;
+    holder
+        .batch_execute("BEGIN; SELECT * FROM sku_inventory WHERE activity_id = 9 FOR UPDATE")
+        .await
+        .unwrap();
+
+    let msgs: Vec<_> = (1..=41).map(|user| order(9, 1, user, 0)).collect();
+    let amqp = env.amqp().await;
+    let engine = EngineHandle::start(&env.settings).await;
+    // The first order's transaction waits on the held row ...
+    builders::publish(&env, &amqp, &msgs[..1]).await;
+    let waiting = "SELECT count(*) FROM pg_stat_activity
+                   WHERE wait_event_type = 'Lock' AND query LIKE '%UPDATE sku_inventory%'";
+    assert!(wait_until(settle(), || async { count(&db, waiting).await == 1 }).await);
+    // ... while the other forty reach the bucket, with two pipeline slots free.
+    builders::publish(&env, &amqp, &msgs[1..]).await;
+    assert!(wait_until(settle(), || async { engine.stats.in_flight() == 41 }).await);
+    // The intake counts a delivery before its last in-process hops (permit,
+    // reservation and bucket actors), which nothing outside the engine can see; they
+    // take microseconds, this margin covers a busy CI machine.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    holder.batch_execute("COMMIT").await.unwrap();
+    wait_inbox(&db, 41).await;
+    engine.stop().await;
+    assert_eq!(results(&db).await.get("ORDER_CREATED").copied(), Some(41));
+    // Rows written in one transaction share its xmin.
+    let transactions = count(&db, "SELECT count(DISTINCT xmin::text) FROM consumer_inbox").await;
+    assert_eq!(
+        transactions, 2,
+        "the forty went in more than one transaction"
+    );
+    finish(env, &db).await;
+}
+
 #[actix_rt::test]
 async fn an_intake_whose_consumer_the_broker_cancelled_comes_back() {
     let env =
