@@ -62,7 +62,7 @@ impl Engine {
     pub async fn start(settings: &Settings) -> Result<Engine, EngineError> {
         let pool = build_pool(&settings.database)?;
         {
-            let mut conn = pool.get().await.map_err(StoreError::from)?;
+            let mut conn = pool.get().await?;
             migrate::verify(&mut conn.client).await?;
         }
 
@@ -77,8 +77,6 @@ impl Engine {
         let permits = DbPermits::new(settings.db_permits()).start();
         let shared = Arc::new(BucketShared {
             pool: pool.clone(),
-            connections: tokio::sync::Semaphore::new(settings.database.pool_size as usize),
-            acquire_timeout: settings.database.acquire_timeout(),
             ids: IdGenerator::for_node(settings.engine.node_id),
             consumer_group: settings.amqp.consumer_group.clone(),
             lock_timeout: format!("{}ms", settings.database.lock_timeout_ms),

@@ -17,7 +17,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use actix::prelude::*;
 
@@ -27,9 +27,9 @@ use crate::domain::outcome::{ErrorClass, OrderOutcome, ResultCode};
 use crate::store::orders::{
     create_orders, load_bucket_sku, AllocationTurn, OrderInput, OrderKey, OrderTxContext, Stage,
 };
-use crate::store::{Pool, PooledConn, StoreError};
+use crate::store::{Pool, StoreError};
 use futures_util::future::LocalBoxFuture;
-use tokio::sync::{oneshot, watch, Semaphore, SemaphorePermit};
+use tokio::sync::{oneshot, watch};
 
 /// Identifies one inventory row.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -52,12 +52,6 @@ impl BucketKey {
 /// Settings shared by every bucket actor.
 pub struct BucketShared {
     pub pool: Pool,
-    /// Order transactions queue here, first come first served, for one of the
-    /// pool's connections (see `connect`).
-    pub connections: Semaphore,
-    /// How long an order transaction waits for a connection before it counts as a
-    /// transient failure (`database.acquire_timeout_ms`).
-    pub acquire_timeout: Duration,
     pub ids: Arc<IdGenerator>,
     pub consumer_group: String,
     pub lock_timeout: String,
@@ -375,30 +369,6 @@ struct Done {
     pool_acquire: std::time::Duration,
 }
 
-/// A pooled connection for an order transaction, taken in the order asked. The pool
-/// alone does not queue: a connection put back wakes one waiter, but a caller that
-/// arrives meanwhile takes it first, and the waiter queues again at the back. With
-/// 64 buckets' transactions asking for 16 connections, some waited past the 1 s
-/// timeout while the mean wait was 0.1–0.2 s (docs/BENCHMARKS.md, session 13).
-/// At most a pool's worth of order transactions ask the pool at once; the others
-/// wait here, in turn. The permit goes with the connection.
-async fn connect(
-    shared: &BucketShared,
-) -> Result<(SemaphorePermit<'_>, PooledConn<'_>), StoreError> {
-    let queued = async {
-        // The semaphore is never closed.
-        let permit = shared
-            .connections
-            .acquire()
-            .await
-            .map_err(|_| StoreError::PoolTimeout)?;
-        Ok((permit, shared.pool.get().await?))
-    };
-    tokio::time::timeout(shared.acquire_timeout, queued)
-        .await
-        .unwrap_or(Err(StoreError::PoolTimeout))
-}
-
 async fn run_orders(
     shared: &BucketShared,
     key: BucketKey,
@@ -409,7 +379,7 @@ async fn run_orders(
 ) -> Result<Done, StoreError> {
     turn.wait_seat().await;
     let acquire = Instant::now();
-    let (_queued, mut conn) = connect(shared).await?;
+    let mut conn = shared.pool.get().await?;
     turn.seated();
     let pool_acquire = acquire.elapsed();
     metrics::histogram!("seckill_db_pool_acquire_seconds").record(pool_acquire.as_secs_f64());

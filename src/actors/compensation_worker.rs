@@ -21,7 +21,7 @@ use crate::mq::{self, MqError};
 use crate::redis::keys::SkuKeys;
 use crate::redis::scripts;
 use crate::store::compensation::{self, ClaimedTask};
-use crate::store::{Pool, StoreError};
+use crate::store::Pool;
 
 /// Settings of the worker (see `[compensation]` in config/default.toml).
 #[derive(Debug, Clone)]
@@ -116,7 +116,7 @@ impl Service for CompensationWorker {
 
 impl Inner {
     async fn run_once(&self) -> Result<Outcome, ServiceError> {
-        let mut conn = self.pool.get().await.map_err(StoreError::from)?;
+        let mut conn = self.pool.get().await?;
         let tasks =
             compensation::claim(&mut conn.client, &self.owner, self.config.batch_size).await?;
         let claimed = tasks.len();

@@ -46,16 +46,12 @@ impl GaugeSampler {
 impl Inner {
     fn sample_pool(&self) {
         let state = self.pool.state();
-        let idle = state.idle_connections;
-        let stats = &state.statistics;
-        let waiting = stats
-            .get_started
-            .saturating_sub(stats.get_direct + stats.get_waited + stats.get_timed_out);
-        metrics::gauge!("seckill_db_pool_connections", "state" => "idle").set(f64::from(idle));
+        metrics::gauge!("seckill_db_pool_connections", "state" => "idle")
+            .set(f64::from(state.idle));
         metrics::gauge!("seckill_db_pool_connections", "state" => "in_use")
-            .set(f64::from(state.connections.saturating_sub(idle)));
-        metrics::gauge!("seckill_db_pool_waiting").set(waiting as f64);
-        metrics::counter!("seckill_db_pool_timeouts_total").absolute(stats.get_timed_out);
+            .set(f64::from(state.connections.saturating_sub(state.idle)));
+        metrics::gauge!("seckill_db_pool_waiting").set(state.waiting as f64);
+        metrics::counter!("seckill_db_pool_timeouts_total").absolute(state.timed_out);
     }
 
     async fn sample_backlog(&self) -> Result<(), ServiceError> {

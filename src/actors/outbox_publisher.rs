@@ -163,11 +163,7 @@ impl Inner {
         if self.yields() {
             return Ok(Outcome::default());
         }
-        let mut conn = self
-            .pool
-            .get()
-            .await
-            .map_err(crate::store::StoreError::from)?;
+        let mut conn = self.pool.get().await?;
         let recovered = outbox::recover_expired_leases(&conn.client, self.config.lease).await?;
         let events = outbox::claim(&mut conn.client, &self.owner, self.config.batch_size).await?;
         let claimed = events.len();

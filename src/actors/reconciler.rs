@@ -14,7 +14,7 @@ use super::maintenance::{Outcome, Service, ServiceError};
 use crate::config::RedisSettings;
 use crate::redis::keys::SkuKeys;
 use crate::redis::scripts;
-use crate::store::{Pool, StoreError};
+use crate::store::Pool;
 
 pub struct Reconciler {
     inner: Rc<Inner>,
@@ -52,7 +52,7 @@ impl Service for Reconciler {
     fn run_once(&self) -> LocalBoxFuture<'static, Result<Outcome, ServiceError>> {
         let inner = self.inner.clone();
         Box::pin(async move {
-            let conn = inner.pool.get().await.map_err(StoreError::from)?;
+            let conn = inner.pool.get().await?;
             let skus = conn.client.query(LIVE_SKUS, &[]).await?;
             let mut redis = crate::redis::connect(&inner.redis).await?;
             let (mut given_back, mut confirmed, mut more) = (0u64, 0u64, false);

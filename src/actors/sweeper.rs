@@ -11,7 +11,7 @@ use futures_util::future::LocalBoxFuture;
 use super::maintenance::{Outcome, Service, ServiceError};
 use crate::config::{CompensationSettings, SweeperSettings};
 use crate::domain::ids::IdGenerator;
-use crate::store::{compensation, sweeps, Pool, StoreError};
+use crate::store::{compensation, sweeps, Pool};
 
 /// Settings of the sweeper (see `[sweeper]` in config/default.toml).
 #[derive(Debug, Clone)]
@@ -62,7 +62,7 @@ impl Service for Sweeper {
     fn run_once(&self) -> LocalBoxFuture<'static, Result<Outcome, ServiceError>> {
         let inner = self.inner.clone();
         Box::pin(async move {
-            let mut conn = inner.pool.get().await.map_err(StoreError::from)?;
+            let mut conn = inner.pool.get().await?;
             let mut cancelled = 0u64;
             while cancelled < u64::from(inner.config.batch_size) {
                 match sweeps::cancel_next_expired(&mut conn, inner.ids.next_id()).await? {

@@ -82,10 +82,7 @@ async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
             }
         }
         Err(e) => {
-            failing.insert(
-                "postgres".into(),
-                json!(crate::store::StoreError::from(e).to_string()),
-            );
+            failing.insert("postgres".into(), json!(e.to_string()));
         }
     }
     let consuming = admin.intakes.consuming();

@@ -12,5 +12,6 @@ mod deploy;
 mod frontstage;
 mod group_commit;
 mod pipeline;
+mod pool;
 mod schema;
 mod services;
