@@ -84,6 +84,7 @@ impl Engine {
             max_attempts: settings.database.tx_max_attempts,
             batch_max_size: settings.engine.batch_max_size as usize,
             pipeline: settings.engine.bucket_pipeline as usize,
+            speculation: Default::default(),
         });
         let buckets = Registry::new("bucket", move |key: &BucketKey| {
             BucketActor::new(*key, shared.clone()).start()

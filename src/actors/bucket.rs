@@ -12,11 +12,12 @@
 //! reservation, request, order or user key) wait for it to end: the transactions
 //! that overlap never wait on each other's rows. While batches end with every
 //! order new and created, the next is sent speculatively, the whole transaction at
-//! once (`store::orders::set_based`); after one that did not, the next goes the
-//! careful way.
+//! once (`store::orders::set_based`); once one ends with a new order sold out, the
+//! next is sent whole as sold out, since its bucket is empty; after any other, the
+//! next goes the careful way.
 
 use std::collections::{HashMap, VecDeque};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
 use actix::prelude::*;
@@ -25,7 +26,8 @@ use crate::domain::ids::IdGenerator;
 use crate::domain::message::OrderCreateMessage;
 use crate::domain::outcome::{ErrorClass, OrderOutcome, ResultCode};
 use crate::store::orders::{
-    create_orders, load_bucket_sku, AllocationTurn, OrderInput, OrderKey, OrderTxContext, Stage,
+    create_orders, load_bucket_sku, AllocationTurn, OrderInput, OrderKey, OrderTxContext,
+    Speculation, Stage,
 };
 use crate::store::{Pool, StoreError};
 use futures_util::future::LocalBoxFuture;
@@ -61,6 +63,42 @@ pub struct BucketShared {
     pub batch_max_size: usize,
     /// Transactions of one bucket running at once.
     pub pipeline: usize,
+    /// What each bucket's last batch suggested of its next (`next_speculation`),
+    /// where it is not the default `Fresh`. Kept here, across the actors' lives:
+    /// the registry stops a bucket actor whenever its mailbox runs dry, and an
+    /// empty bucket's next actor would otherwise try the fresh way first again.
+    pub speculation: SpeculationHints,
+}
+
+/// `BucketShared::speculation`: hints only, so bounded by forgetting them all.
+#[derive(Default)]
+pub struct SpeculationHints(Mutex<HashMap<BucketKey, Speculation>>);
+
+impl SpeculationHints {
+    /// More buckets than this holding a hint (sold out, say, over many sales) and
+    /// the hints are forgotten: each such bucket pays one rolled-back attempt again.
+    const MAX: usize = 65_536;
+
+    fn get(&self, key: BucketKey) -> Speculation {
+        self.0.lock().map_or(Speculation::Fresh, |hints| {
+            hints.get(&key).copied().unwrap_or(Speculation::Fresh)
+        })
+    }
+
+    fn set(&self, key: BucketKey, next: Speculation) {
+        // A poisoned lock only loses hints.
+        let Ok(mut hints) = self.0.lock() else {
+            return;
+        };
+        if next == Speculation::Fresh {
+            hints.remove(&key);
+            return;
+        }
+        if hints.len() >= Self::MAX {
+            hints.clear();
+        }
+        hints.insert(key, next);
+    }
 }
 
 pub struct BucketActor {
@@ -68,10 +106,9 @@ pub struct BucketActor {
     shared: Arc<BucketShared>,
     /// SKU title snapshot, loaded with the first order of this actor's life.
     sku_title: Option<String>,
-    /// Every order of the last batch to end was new and got a unit: the next
-    /// batch is sent in one round trip, as if the same held for it
-    /// (`OrderTxContext::speculate`).
-    speculate: bool,
+    /// What the last batch to end suggests of the next (`next_speculation`): it
+    /// is sent in one round trip, as if that held for it (`OrderTxContext::speculate`).
+    speculate: Speculation,
     /// Orders waiting for the next transaction, in arrival order. Bounded by the
     /// DB permits: an order is routed here only under a permit.
     waiting: VecDeque<Waiting>,
@@ -107,9 +144,9 @@ impl BucketActor {
     pub fn new(key: BucketKey, shared: Arc<BucketShared>) -> Self {
         Self {
             key,
+            speculate: shared.speculation.get(key),
             shared,
             sku_title: None,
-            speculate: true,
             waiting: VecDeque::new(),
             running: 0,
             running_keys: HashMap::new(),
@@ -165,7 +202,11 @@ impl BucketActor {
         }
         let (shared, key, cached) = (self.shared.clone(), self.key, self.sku_title.clone());
         // One message per transaction is the seed's per-message path, unchanged.
-        let speculate = self.speculate && self.shared.batch_max_size > 1;
+        let speculate = if self.shared.batch_max_size > 1 {
+            self.speculate
+        } else {
+            Speculation::Careful
+        };
         let ahead = self.last_turn.take();
         self.ahead_of_last = ahead.clone();
         let (mut turn, next) = AllocationTurn::after(ahead);
@@ -183,21 +224,20 @@ impl BucketActor {
         let work = async move {
             let mut title = cached;
             let results = run_group(&shared, key, speculate, &mut title, &mut turn, &runs).await;
-            let fresh = results
-                .iter()
-                .all(|r| matches!(r, Ok(o) if o.code == ResultCode::OrderCreated && !o.duplicate));
+            let next = next_speculation(&results);
             for (reply, result) in replies.into_iter().zip(results) {
                 // The asker may have gone (shutdown); its message is redelivered.
                 let _ = reply.send(result);
             }
             turn.finish().await;
-            (title, fresh)
+            (title, next)
         };
-        ctx.spawn(work.into_actor(self).map(|(title, fresh), actor, ctx| {
+        ctx.spawn(work.into_actor(self).map(|(title, next), actor, ctx| {
             if title.is_some() {
                 actor.sku_title = title;
             }
-            actor.speculate = fresh;
+            actor.speculate = next;
+            actor.shared.speculation.set(actor.key, next);
             actor.running -= 1;
             for k in keys {
                 if let Some(n) = actor.running_keys.get_mut(&k) {
@@ -240,6 +280,22 @@ impl Handler<RunOrder> for BucketActor {
     }
 }
 
+/// What a batch's outcomes suggest of the next batch: every order new and created,
+/// the bucket likely holds units for the next ones too; any new order sold out, the
+/// bucket was empty when the batch ended, and a cancelled order is the only way a
+/// unit comes back. Anything else (redeliveries, repeat users, failures) is not
+/// worth assuming of the next batch.
+fn next_speculation(results: &[Result<OrderOutcome, ErrorClass>]) -> Speculation {
+    let new = |code| move |r: &Result<OrderOutcome, ErrorClass>| matches!(r, Ok(o) if o.code == code && !o.duplicate);
+    if results.iter().all(new(ResultCode::OrderCreated)) {
+        Speculation::Fresh
+    } else if results.iter().any(new(ResultCode::PostgresSoldOut)) {
+        Speculation::SoldOut
+    } else {
+        Speculation::Careful
+    }
+}
+
 /// Whether the turn behind `turn` has passed (a turn that is gone has).
 fn has_passed(turn: &watch::Receiver<Stage>) -> bool {
     turn.has_changed().is_err() || *turn.borrow() >= Stage::Passed
@@ -253,7 +309,7 @@ fn has_passed(turn: &watch::Receiver<Stage>) -> bool {
 fn run_group<'a>(
     shared: &'a BucketShared,
     key: BucketKey,
-    speculate: bool,
+    speculate: Speculation,
     title: &'a mut Option<String>,
     turn: &'a mut AllocationTurn,
     runs: &'a [RunOrder],
@@ -283,8 +339,9 @@ fn run_group<'a>(
                     turn.hold();
                     let (left, right) = runs.split_at(runs.len() / 2);
                     // A batch that failed this way is not the common case.
-                    let mut results = run_group(shared, key, false, title, turn, left).await;
-                    results.extend(run_group(shared, key, false, title, turn, right).await);
+                    let careful = Speculation::Careful;
+                    let mut results = run_group(shared, key, careful, title, turn, left).await;
+                    results.extend(run_group(shared, key, careful, title, turn, right).await);
                     results
                 } else {
                     runs.iter().map(|_| Err(class.clone())).collect()
@@ -372,7 +429,7 @@ struct Done {
 async fn run_orders(
     shared: &BucketShared,
     key: BucketKey,
-    speculate: bool,
+    speculate: Speculation,
     title: &mut Option<String>,
     turn: &mut AllocationTurn,
     runs: &[RunOrder],

@@ -74,29 +74,30 @@ impl TaskRows {
         self.statuses.push(initial_status(task.task_type).code());
     }
 
-    /// Writes the rows inside the caller's transaction; `insert` is the prepared
-    /// `INSERT_TASKS`, so several statements can be pipelined.
+    /// Writes the rows inside the transaction open on `client`; `insert` is the
+    /// prepared `INSERT_TASKS`, so several statements can be pipelined.
     pub async fn insert(
         &self,
-        tx: &Transaction<'_>,
+        client: &Client,
         insert: &Statement,
     ) -> Result<(), tokio_postgres::Error> {
         if self.task_ids.is_empty() {
             return Ok(());
         }
-        tx.execute(
-            insert,
-            &[
-                &self.task_ids,
-                &self.idempotency_keys,
-                &self.task_types,
-                &self.reservation_ids,
-                &self.order_ids,
-                &self.payloads,
-                &self.statuses,
-            ],
-        )
-        .await?;
+        client
+            .execute(
+                insert,
+                &[
+                    &self.task_ids,
+                    &self.idempotency_keys,
+                    &self.task_types,
+                    &self.reservation_ids,
+                    &self.order_ids,
+                    &self.payloads,
+                    &self.statuses,
+                ],
+            )
+            .await?;
         Ok(())
     }
 }

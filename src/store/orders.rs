@@ -15,7 +15,10 @@
 //! segment: then it is sent whole, COMMIT included, without waiting for an answer
 //! (`set_based::run_fresh_transaction`). Segments run one after the other, each
 //! seeing the ones before it, so every message gets the outcome it would get alone;
-//! one message without speculation is exactly the per-message path.
+//! one message without speculation is exactly the per-message path. A transaction
+//! that assumes its messages are new and its bucket empty is sent whole the same way
+//! (`set_based::run_sold_out_transaction`): it records them sold out without the
+//! provisional orders and reservation updates the careful way writes and undoes.
 
 use std::time::Duration;
 
@@ -69,13 +72,26 @@ pub struct OrderTxContext {
     pub lock_timeout: String,
     pub statement_timeout: String,
     pub max_attempts: u32,
-    /// Send a batch whose messages share no key, a single message too, as one
-    /// transaction of new messages whose units the bucket holds, without waiting
-    /// for any answer before COMMIT (`set_based::run_fresh_transaction`); redone the
-    /// careful way when they are not. Messages that share a key cannot all be new,
-    /// so such a batch goes the careful way at once. Off, a segment of one message
-    /// takes the seed's per-message path (`order_body`).
-    pub speculate: bool,
+    /// What a batch whose messages share no key (a single message too) is assumed
+    /// to be, so that it is sent as one transaction without waiting for any answer
+    /// before COMMIT; redone the careful way when the assumption does not hold.
+    /// Messages that share a key cannot all be new, so such a batch goes the careful
+    /// way at once. `Careful`: a segment of one message takes the seed's
+    /// per-message path (`order_body`).
+    pub speculate: Speculation,
+}
+
+/// The assumption a speculative order transaction makes about its batch.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Speculation {
+    /// None: every step waits for its answer.
+    Careful,
+    /// Every message is new and the bucket holds a unit for each
+    /// (`set_based::run_fresh_transaction`).
+    Fresh,
+    /// Every message is new, no order holds any of their keys, and the bucket is
+    /// empty: each is sold out (`set_based::run_sold_out_transaction`).
+    SoldOut,
 }
 
 /// One message of a transaction.
@@ -109,10 +125,10 @@ pub async fn create_orders(
     loop {
         match create_orders_once(conn, ctx, inputs, turn, speculate).await {
             Ok(outcomes) => return Ok((outcomes, attempt)),
-            Err(StoreError::Speculation) if speculate => {
+            Err(StoreError::Speculation) if speculate != Speculation::Careful => {
                 metrics::counter!("seckill_order_tx_retries_total", "reason" => "speculation")
                     .increment(1);
-                speculate = false;
+                speculate = Speculation::Careful;
                 attempt += 1;
             }
             Err(StoreError::Db(e))
@@ -145,12 +161,18 @@ async fn create_orders_once(
     ctx: &OrderTxContext,
     inputs: &[OrderInput<'_>],
     turn: &mut AllocationTurn,
-    speculate: bool,
+    speculate: Speculation,
 ) -> Result<Vec<OrderOutcome>, StoreError> {
     let segments = segments(inputs);
-    if speculate {
-        if let [segment] = segments[..] {
-            return set_based::run_fresh_transaction(conn, ctx, segment, turn).await;
+    if let [segment] = segments[..] {
+        match speculate {
+            Speculation::Fresh => {
+                return set_based::run_fresh_transaction(conn, ctx, segment, turn).await
+            }
+            Speculation::SoldOut => {
+                return set_based::run_sold_out_transaction(conn, ctx, segment, turn).await
+            }
+            Speculation::Careful => {}
         }
     }
     let PgConn {

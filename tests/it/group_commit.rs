@@ -4,7 +4,8 @@
 //! re-sending producers, repeat users, stock shortfalls, several buckets) and the
 //! transaction sizes, and runs each mix on two fresh databases. The batched side
 //! speculates (one round trip per batch, redone the careful way when the batch is
-//! not all new or its bucket is short) in some mixes and not in others.
+//! not as assumed) in some mixes, assuming every batch new with units or every
+//! batch new and sold out, and not in others.
 
 use std::cell::RefCell;
 use std::collections::HashSet;
@@ -15,7 +16,9 @@ use proptest::sample::Index;
 use proptest::test_runner::{Config, TestRunner};
 use seckill_engine::domain::message::OrderCreateMessage;
 use seckill_engine::domain::outcome::OrderOutcome;
-use seckill_engine::store::orders::{create_orders, AllocationTurn, OrderInput, OrderTxContext};
+use seckill_engine::store::orders::{
+    create_orders, AllocationTurn, OrderInput, OrderTxContext, Speculation,
+};
 use seckill_engine::store::PgConn;
 use tokio_postgres::Client;
 
@@ -41,8 +44,8 @@ struct Mix {
     stock: i32,
     steps: Vec<Step>,
     chunks: Vec<usize>,
-    /// The batched side sends batches speculatively.
-    speculate: bool,
+    /// What the batched side assumes of every batch.
+    speculate: Speculation,
 }
 
 fn mixes() -> impl Strategy<Value = Mix> {
@@ -55,7 +58,11 @@ fn mixes() -> impl Strategy<Value = Mix> {
         (
             proptest::collection::vec(step, 1..200),
             proptest::collection::vec(1usize..=128, 1..8),
-            any::<bool>(),
+            prop_oneof![
+                Just(Speculation::Careful),
+                Just(Speculation::Fresh),
+                Just(Speculation::SoldOut)
+            ],
         )
             .prop_map(move |(steps, chunks, speculate)| Mix {
                 buckets,
@@ -83,7 +90,7 @@ fn messages(mix: &Mix) -> Vec<OrderCreateMessage> {
     msgs
 }
 
-fn context(speculate: bool) -> OrderTxContext {
+fn context(speculate: Speculation) -> OrderTxContext {
     OrderTxContext {
         consumer_group: "seckill-engine".into(),
         sku_title: "test sku 1".into(),
@@ -103,7 +110,7 @@ async fn run(
     env: &TestEnv,
     msgs: &[OrderCreateMessage],
     chunks: &[usize],
-    speculate: bool,
+    speculate: Speculation,
 ) -> Vec<OrderOutcome> {
     let mut conn = connection(env.db().await);
     run_on(&mut conn, msgs, chunks, speculate).await
@@ -117,7 +124,7 @@ async fn run_on(
     conn: &mut PgConn,
     msgs: &[OrderCreateMessage],
     chunks: &[usize],
-    speculate: bool,
+    speculate: Speculation,
 ) -> Vec<OrderOutcome> {
     let ctx = context(speculate);
     let mut outcomes = Vec::new();
@@ -191,7 +198,7 @@ async fn check(mix: &Mix) -> Vec<OrderOutcome> {
         builders::activity(&mut db, 61, 1, mix.stock, mix.buckets).await;
     }
     let msgs = messages(mix);
-    let one_by_one = run(&alone, &msgs, &[1], false).await;
+    let one_by_one = run(&alone, &msgs, &[1], Speculation::Careful).await;
     let batched = run(&grouped, &msgs, &mix.chunks, mix.speculate).await;
     assert_eq!(one_by_one.len(), msgs.len());
     for (i, (a, b)) in one_by_one.iter().zip(&batched).enumerate() {
@@ -249,7 +256,7 @@ async fn run_in_turn(
     env: &TestEnv,
     msgs: &[OrderCreateMessage],
     mut turn: AllocationTurn,
-    speculate: bool,
+    speculate: Speculation,
 ) -> Vec<OrderOutcome> {
     let mut conn = connection(env.db().await);
     let (outcomes, _) = create_orders(&mut conn, &context(speculate), &inputs(msgs), &mut turn)
@@ -285,22 +292,11 @@ async fn a_speculative_batch_is_redone_carefully_unless_all_new_with_units() {
     // the stock.
     let again = vec![order(64, 1, 21, 0), fresh[0].clone()];
     let short: Vec<_> = (11..=14).map(|u| order(64, 1, u, 0)).collect();
-    async fn speculate(conn: &mut PgConn, msgs: &[OrderCreateMessage]) -> (Vec<&'static str>, u32) {
-        let (outcomes, attempts) = create_orders(
-            conn,
-            &context(true),
-            &inputs(msgs),
-            &mut AllocationTurn::free(),
-        )
-        .await
-        .expect("valid messages");
-        assert!(
-            outside_transaction(&conn.client).await,
-            "left inside a transaction"
-        );
-        (outcomes.iter().map(|o| o.label()).collect(), attempts)
-    }
-    assert_eq!(speculate(&mut conn, &fresh).await, (vec!["created"; 10], 1));
+    let fresh_way = Speculation::Fresh;
+    assert_eq!(
+        attempt(&mut conn, fresh_way, &fresh).await,
+        (vec!["created"; 10], 1)
+    );
     // The event every order announces itself with, field for field.
     let m = &fresh[0];
     let payload: serde_json::Value = env
@@ -332,27 +328,108 @@ async fn a_speculative_batch_is_redone_carefully_unless_all_new_with_units() {
         })
     );
     assert_eq!(
-        speculate(&mut conn, &again).await,
+        attempt(&mut conn, fresh_way, &again).await,
         (vec!["created", "duplicate"], 2)
     );
     // A batch of one message speculates too.
     let single = [order(64, 1, 31, 0)];
-    assert_eq!(speculate(&mut conn, &single).await, (vec!["created"], 1));
-    assert_eq!(speculate(&mut conn, &single).await, (vec!["duplicate"], 2));
+    assert_eq!(
+        attempt(&mut conn, fresh_way, &single).await,
+        (vec!["created"], 1)
+    );
+    assert_eq!(
+        attempt(&mut conn, fresh_way, &single).await,
+        (vec!["duplicate"], 2)
+    );
     // Messages that share a key cannot all be new: the careful way at once.
     let twice = [order(64, 1, 41, 0), order(64, 1, 41, 0)];
     assert_eq!(
-        speculate(&mut conn, &twice).await,
+        attempt(&mut conn, fresh_way, &twice).await,
         (vec!["created", "user_already_ordered"], 1)
     );
     assert_eq!(
-        speculate(&mut conn, &short).await,
+        attempt(&mut conn, fresh_way, &short).await,
         (vec!["created", "sold_out", "sold_out", "sold_out"], 2)
     );
     let db = env.db().await;
     assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 14);
     assert_invariants(&db).await;
     env.cleanup().await;
+}
+
+/// One speculative transaction of `msgs`: their outcomes' labels and the attempts it
+/// took (2: redone the careful way). Either way the connection must be left outside
+/// any transaction.
+async fn attempt(
+    conn: &mut PgConn,
+    speculate: Speculation,
+    msgs: &[OrderCreateMessage],
+) -> (Vec<&'static str>, u32) {
+    let (outcomes, attempts) = create_orders(
+        conn,
+        &context(speculate),
+        &inputs(msgs),
+        &mut AllocationTurn::free(),
+    )
+    .await
+    .expect("valid messages");
+    assert!(
+        outside_transaction(&conn.client).await,
+        "left inside a transaction"
+    );
+    (outcomes.iter().map(|o| o.label()).collect(), attempts)
+}
+
+/// A batch sent as sold out takes one attempt when its messages are new, no order
+/// holds any of their keys and the bucket is empty, and leaves the rows the careful
+/// way leaves; otherwise it is redone the careful way, with the outcomes that way
+/// gives.
+#[tokio::test]
+async fn a_sold_out_batch_is_sent_whole_only_when_new_and_its_bucket_empty() {
+    let env = TestEnv::new().await;
+    builders::activity(&mut env.db().await, 67, 1, 3, 1).await;
+    let mut conn = connection(env.db().await);
+    let sold_out_way = Speculation::SoldOut;
+    let users: Vec<_> = (1..=12).map(|u| order(67, 1, u, 0)).collect();
+    // The bucket holds units: the careful way.
+    assert_eq!(
+        attempt(&mut conn, sold_out_way, &users[..4]).await,
+        (vec!["created", "created", "created", "sold_out"], 2)
+    );
+    assert_eq!(
+        attempt(&mut conn, sold_out_way, &users[4..8]).await,
+        (vec!["sold_out"; 4], 1)
+    );
+    // A user who has an order, a reservation that has one, a redelivery: each
+    // keeps the answer the careful way gives it.
+    let repeat_user = order(67, 1, 2, 0);
+    let resent = resend(&users[0]);
+    for (new, odd, answer) in [
+        (&users[8], &repeat_user, "user_already_ordered"),
+        (&users[9], &resent, "already_created"),
+        (&users[10], &users[5], "duplicate"),
+    ] {
+        assert_eq!(
+            attempt(&mut conn, sold_out_way, &[new.clone(), odd.clone()]).await,
+            (vec!["sold_out", answer], 2),
+            "{answer}"
+        );
+    }
+    let db = env.db().await;
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 3);
+    assert_invariants(&db).await;
+    env.cleanup().await;
+
+    // The rows and outcomes are those of one message per transaction.
+    let steps = (0..40).map(|user| Step::New { user, bucket: 0 }).collect();
+    check(&Mix {
+        buckets: 1,
+        stock: 5,
+        steps,
+        chunks: vec![6, 3, 8],
+        speculate: sold_out_way,
+    })
+    .await;
 }
 
 /// Whether the connection is outside any transaction block: a simple query there
@@ -384,7 +461,7 @@ async fn a_speculative_transaction_dropped_half_way_leaves_no_open_transaction()
     let (mut turn, _) = AllocationTurn::after(Some(next));
     {
         let mut conn = pool.get().await.expect("a connection");
-        let (ctx, inputs) = (context(true), inputs(&msgs));
+        let (ctx, inputs) = (context(Speculation::Fresh), inputs(&msgs));
         let run = create_orders(&mut conn, &ctx, &inputs, &mut turn);
         let waited = tokio::time::timeout(std::time::Duration::from_millis(500), run).await;
         assert!(waited.is_err(), "the transaction did not wait for its turn");
@@ -430,7 +507,7 @@ async fn tokio_postgres_answers_a_request_it_cannot_send_in_its_first_poll() {
 /// careful.
 #[actix_rt::test]
 async fn overlapping_transactions_of_a_bucket_allocate_in_turn_order() {
-    for speculate in [true, false] {
+    for speculate in [Speculation::Fresh, Speculation::Careful] {
         let env = TestEnv::new().await;
         builders::activity(&mut env.db().await, 62, 1, 5, 1).await;
         let first: Vec<_> = (1..=5).map(|u| order(62, 1, u, 0)).collect();
@@ -458,12 +535,18 @@ async fn overlapping_transactions_of_a_bucket_allocate_in_turn_order() {
 async fn small_batches_on_fresh_tables_never_scan_them() {
     let env = TestEnv::new().await;
     let mut db = env.db().await;
-    builders::activity(&mut db, 63, 1, 1_000, 1).await;
-    let msgs: Vec<_> = (1..=400).map(|user| order(63, 1, user, 0)).collect();
+    builders::activity(&mut db, 63, 1, 300, 1).await;
+    let msgs: Vec<_> = (1..=600).map(|user| order(63, 1, user, 0)).collect();
     let mut conn = connection(env.db().await);
-    // Both ways: speculative batches, then careful ones.
-    run_on(&mut conn, &msgs[..200], &[4], true).await;
-    run_on(&mut conn, &msgs[200..], &[4], false).await;
+    // Every way: new batches with units, careful ones until the bucket is empty and
+    // after, then batches sent as sold out.
+    run_on(&mut conn, &msgs[..200], &[4], Speculation::Fresh).await;
+    run_on(&mut conn, &msgs[200..400], &[4], Speculation::Careful).await;
+    let sold_out = run_on(&mut conn, &msgs[400..], &[4], Speculation::SoldOut).await;
+    assert!(
+        sold_out.iter().all(|o| o.label() == "sold_out"),
+        "{sold_out:?}"
+    );
     let scans = sequential_scans(
         &conn.client,
         &db,
@@ -480,9 +563,9 @@ async fn small_batches_on_fresh_tables_never_scan_them() {
     assert_eq!(
         scans,
         vec![],
-        "100 order transactions of 4 scanned these tables"
+        "150 order transactions of 4 scanned these tables"
     );
-    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 400);
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 300);
     assert_invariants(&db).await;
     env.cleanup().await;
 }
@@ -500,8 +583,8 @@ async fn batches_without_orders_read_the_inbox_by_key() {
     let msgs: Vec<_> = (1..=400).map(|user| order(65, 1, user, 0)).collect();
     let mut conn = connection(env.db().await);
     // 10 created and 390 sold out, then every message redelivered.
-    run_on(&mut conn, &msgs, &[4], false).await;
-    let again = run_on(&mut conn, &msgs, &[4], false).await;
+    run_on(&mut conn, &msgs, &[4], Speculation::Careful).await;
+    let again = run_on(&mut conn, &msgs, &[4], Speculation::Careful).await;
     assert!(again.iter().all(|o| o.duplicate), "{again:?}");
     let read = index_entries_read(&conn.client, &db, &["pk_consumer_inbox"]).await;
     // By key: about one entry per message for each of the insert's conflict check

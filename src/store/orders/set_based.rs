@@ -258,7 +258,7 @@ pub(super) async fn run_segment(
         denied_writes,
         recorded,
         async { Ok(events.insert(tx.client(), &insert_events).await?) },
-        async { Ok(tasks.insert(tx, &insert_tasks).await?) },
+        async { Ok(tasks.insert(tx.client(), &insert_tasks).await?) },
     )?;
     if !denied.is_empty() {
         metrics::counter!(
@@ -302,9 +302,7 @@ pub(super) async fn run_segment(
 ///
 /// The hot row is locked from the UPDATE to the end of the COMMIT right behind it,
 /// never across a round trip to the engine, and the engine waits once for the whole
-/// transaction instead of once per step. Until the transaction is seen to end, the
-/// connection is marked `in_transaction`, so that if this future is dropped half
-/// way the pool closes the connection rather than reuse it.
+/// transaction instead of once per step (`send_whole`).
 pub(super) async fn run_fresh_transaction(
     conn: &mut PgConn,
     ctx: &OrderTxContext,
@@ -364,46 +362,184 @@ pub(super) async fn run_fresh_transaction(
         &ledgers.message_ids,
         &ledgers.users,
     ];
+    send_whole(
+        client,
+        in_transaction,
+        vec![
+            Box::pin(client.execute(&settings, &timeouts)),
+            Box::pin(client.execute(&insert_inbox, &inbox_params)),
+            Box::pin(client.execute(&insert_reservations, &reservation_params)),
+            Box::pin(client.execute(&insert_orders, &order_params)),
+            Box::pin(client.execute(&insert_items, &items_params)),
+            Box::pin(async { events.insert(client, &insert_events).await.map(|()| 0) }),
+        ],
+        turn,
+        (&take_all, &take_params),
+    )
+    .await?;
+    Ok(msgs
+        .iter()
+        .map(|m| OrderOutcome {
+            code: ResultCode::OrderCreated,
+            order_id: Some(m.order_id),
+            duplicate: false,
+        })
+        .collect())
+}
 
+/// A segment of new messages whose bucket is empty, as a whole transaction sent
+/// without waiting for any answer: BEGIN, the settings, each message's inbox row
+/// with its result and its reservation as REJECTED (plain INSERTs: a row that
+/// exists fails its statement), its Redis give-back task and event, at its turn a
+/// check that the bucket is empty and that no order holds any of the messages'
+/// order keys (`CHECK_SOLD_OUT`, which fails otherwise), and COMMIT.
+///
+/// When all of that held, the careful path would have ended every message sold
+/// out with the same rows: it inserts the reservation PENDING_DB, a provisional
+/// order, finds the bucket empty, deletes the order and rejects the reservation,
+/// and updates the inbox row with the result; this writes the final rows directly,
+/// never touching the inventory row or the orders. A sale whose front stage lets
+/// more messages through than the database holds units (its Redis lost the sale's
+/// counts, or messages were published around it) settles them at a fraction of the
+/// careful way's price (docs/BENCHMARKS.md, session 14). When the bucket holds a
+/// unit again (a cancelled order gave it back) or an order holds a key, the check
+/// fails, the transaction rolls back and the segment is redone the careful way.
+pub(super) async fn run_sold_out_transaction(
+    conn: &mut PgConn,
+    ctx: &OrderTxContext,
+    inputs: &[OrderInput<'_>],
+    turn: &mut AllocationTurn,
+) -> Result<Vec<OrderOutcome>, StoreError> {
+    let bucket = inputs[0].msg;
+    let sold_out = ResultCode::PostgresSoldOut;
+    let msgs: Vec<&OrderCreateMessage> = inputs.iter().map(|i| i.msg).collect();
+    let inbox = InboxRows::of(inputs);
+    let reservations = ReservationRows::of(&msgs).map_err(|_| StoreError::Speculation)?;
+    let orders = OrderRows::of(&msgs);
+    let mut events = EventRows::default();
+    let mut tasks = TaskRows::default();
+    for msg in &msgs {
+        let (task, event) = release(msg, sold_out)?;
+        tasks.push(task);
+        events.push(event);
+    }
+    let rejected = ReservationStatus::Rejected.code();
+    let code = sold_out.as_str();
+
+    let PgConn {
+        client,
+        statements: st,
+        in_transaction,
+        ..
+    } = conn;
+    let client = &*client;
+    let settings = st.get(client, SET_TX_SETTINGS).await?;
+    let insert_inbox = st.get(client, INSERT_SOLD_OUT_INBOX).await?;
+    let insert_reservations = st.get(client, INSERT_REJECTED_RESERVATIONS).await?;
+    let insert_events = st.get(client, INSERT_EVENTS).await?;
+    let insert_tasks = st.get(client, INSERT_TASKS).await?;
+    let check = st.get(client, CHECK_SOLD_OUT).await?;
+    let timeouts: [&Param; 2] = [&ctx.lock_timeout, &ctx.statement_timeout];
+    let [group, ids, topics, reservation_ids, hashes, order_ids] =
+        inbox.params(&ctx.consumer_group);
+    let inbox_params = [
+        group,
+        ids,
+        topics,
+        reservation_ids,
+        hashes,
+        order_ids,
+        &code,
+    ];
+    let reservation_params = reservations.rejected_params(bucket, &rejected, &code);
+    let check_params: [&(dyn ToSql + Sync); 9] = [
+        &bucket.activity_id,
+        &bucket.sku_id,
+        &bucket.inventory_bucket,
+        &orders.order_ids,
+        &orders.order_nos,
+        &orders.request_ids,
+        &orders.reservation_ids,
+        &orders.message_ids,
+        &orders.users,
+    ];
+    send_whole(
+        client,
+        in_transaction,
+        vec![
+            Box::pin(client.execute(&settings, &timeouts)),
+            Box::pin(client.execute(&insert_inbox, &inbox_params)),
+            Box::pin(client.execute(&insert_reservations, &reservation_params)),
+            Box::pin(async { events.insert(client, &insert_events).await.map(|()| 0) }),
+            Box::pin(async { tasks.insert(client, &insert_tasks).await.map(|()| 0) }),
+        ],
+        turn,
+        (&check, &check_params),
+    )
+    .await?;
+    metrics::counter!("seckill_redis_release_requested_total", "reason" => sold_out.label())
+        .increment(msgs.len() as u64);
+    Ok(msgs
+        .iter()
+        .map(|_| OrderOutcome {
+            code: sold_out,
+            order_id: None,
+            duplicate: false,
+        })
+        .collect())
+}
+
+/// A request of a transaction sent whole, answered with the rows it changed.
+type Request<'c> = LocalBoxFuture<'c, Result<u64, tokio_postgres::Error>>;
+
+/// Sends a transaction whole: BEGIN and `steps`, then, once the turn has come,
+/// `at_turn` (which fails unless the transaction's assumption holds; the turn is
+/// passed on when it succeeds), then COMMIT, and waits once for every answer.
+/// Until the transaction is seen to end, the connection is marked
+/// `in_transaction`, so that if this future is dropped half way the pool closes
+/// the connection rather than reuse it. `Speculation` when the assumption did not
+/// hold: PostgreSQL aborted the transaction and the COMMIT rolled it back.
+async fn send_whole<'c>(
+    client: &'c Client,
+    in_transaction: &mut bool,
+    steps: Vec<Request<'c>>,
+    turn: &mut AllocationTurn,
+    (at_turn, at_turn_params): (&tokio_postgres::Statement, &[&(dyn ToSql + Sync)]),
+) -> Result<(), StoreError> {
     // Every request before COMMIT, in the order sent; the first failure in this
     // order is the cause (the ones after it fail because the transaction aborted).
     *in_transaction = true;
-    let mut steps: Vec<LocalBoxFuture<'_, Result<u64, tokio_postgres::Error>>> = vec![
-        Box::pin(async { client.batch_execute("BEGIN").await.map(|()| 0) }),
-        Box::pin(client.execute(&settings, &timeouts)),
-        Box::pin(client.execute(&insert_inbox, &inbox_params)),
-        Box::pin(client.execute(&insert_reservations, &reservation_params)),
-        Box::pin(client.execute(&insert_orders, &order_params)),
-        Box::pin(client.execute(&insert_items, &items_params)),
-        Box::pin(async { events.insert(client, &insert_events).await.map(|()| 0) }),
-    ];
+    let mut requests: Vec<Request<'c>> = vec![Box::pin(async {
+        client.batch_execute("BEGIN").await.map(|()| 0)
+    })];
+    requests.extend(steps);
     // Sent one by one, and COMMIT only after all of them.
     let mut queued = 0;
-    for step in &mut steps {
-        if let Err(unsent) = sent(step).await {
-            drop(steps);
+    for request in &mut requests {
+        if let Err(unsent) = sent(request).await {
+            drop(requests);
             return Err(abandon(client, in_transaction, queued, unsent).await);
         }
         queued += 1;
     }
     turn.wait().await;
-    let mut take: LocalBoxFuture<'_, Result<u64, tokio_postgres::Error>> = Box::pin(async {
-        let taken = client.query_one(&take_all, &take_params).await;
-        if taken.is_ok() {
+    let mut last: Request<'_> = Box::pin(async {
+        let answer = client.query_one(at_turn, at_turn_params).await;
+        if answer.is_ok() {
             turn.pass_on().await;
         }
-        taken.map(|_| 0)
+        answer.map(|_| 0)
     });
-    if let Err(unsent) = sent(&mut take).await {
-        drop((steps, take));
+    if let Err(unsent) = sent(&mut last).await {
+        drop((requests, last));
         return Err(abandon(client, in_transaction, queued, unsent).await);
     }
-    let (mut answers, taken, committed) = futures_util::join!(
-        futures_util::future::join_all(steps),
-        take,
+    let (mut answers, last, committed) = futures_util::join!(
+        futures_util::future::join_all(requests),
+        last,
         client.batch_execute("COMMIT"),
     );
-    answers.push(taken);
+    answers.push(last);
     // The COMMIT was answered, so the transaction is over: committed, or rolled
     // back because a statement before it failed. Without an answer the connection
     // is broken and the pool will not hand it out again.
@@ -416,15 +552,7 @@ pub(super) async fn run_fresh_transaction(
     if let Some(failed) = first_failure(answers) {
         return Err(failed);
     }
-    committed.map_err(commit_failed)?;
-    Ok(msgs
-        .iter()
-        .map(|m| OrderOutcome {
-            code: ResultCode::OrderCreated,
-            order_id: Some(m.order_id),
-            duplicate: false,
-        })
-        .collect())
+    committed.map_err(commit_failed)
 }
 
 /// Polls a request once; `Err` with its answer if that finished it. tokio-postgres
@@ -466,14 +594,19 @@ async fn abandon(
 fn first_failure(answers: Vec<Result<u64, tokio_postgres::Error>>) -> Option<StoreError> {
     let e = answers.into_iter().find_map(Result::err)?;
     Some(match e.code().map(|c| c.code()) {
-        Some("23505" | "SK001") => StoreError::Speculation,
+        Some("23505" | "SK001") => {
+            tracing::debug!(
+                reason = e.as_db_error().map(|d| d.message()),
+                "speculative order transaction rolled back"
+            );
+            StoreError::Speculation
+        }
         Some(_) => StoreError::Db(e),
         None => StoreError::CommitOutcomeUnknown(e),
     })
 }
 
-/// The inbox rows of a segment's messages, as the columns of `INSERT_INBOX` and
-/// `INSERT_NEW_INBOX`.
+/// The inbox rows of a segment's messages, as the columns of `insert_inbox!`.
 struct InboxRows<'a> {
     message_ids: Vec<Uuid>,
     topics: Vec<&'a str>,
@@ -505,8 +638,8 @@ impl<'a> InboxRows<'a> {
     }
 }
 
-/// Reservation rows for messages, as the columns of `INSERT_RESERVATIONS` and
-/// `INSERT_ORDERED_RESERVATIONS`.
+/// Reservation rows for messages, as the columns of `INSERT_RESERVATIONS`,
+/// `INSERT_ORDERED_RESERVATIONS` and `INSERT_REJECTED_RESERVATIONS`.
 struct ReservationRows {
     reservation_ids: Vec<Uuid>,
     request_ids: Vec<Uuid>,
@@ -557,6 +690,18 @@ impl ReservationRows {
     ) -> [&'p Param; 11] {
         let [a, b, c, d, e, f, g, h, i] = self.params(bucket);
         [a, b, c, d, e, f, g, h, i, ordered, order_ids]
+    }
+
+    /// `INSERT_REJECTED_RESERVATIONS`' parameters: those of `params`, then the
+    /// REJECTED status code and the failure code.
+    fn rejected_params<'p>(
+        &'p self,
+        bucket: &'p OrderCreateMessage,
+        rejected: &'p i16,
+        failure: &'p &str,
+    ) -> [&'p (dyn ToSql + Sync); 11] {
+        let [a, b, c, d, e, f, g, h, i] = self.params(bucket);
+        [a, b, c, d, e, f, g, h, i, rejected, failure]
     }
 }
 
@@ -712,9 +857,10 @@ async fn take_first(
     Ok(true)
 }
 
-/// The inbox rows of a segment's messages; see `INSERT_INBOX` and `INSERT_NEW_INBOX`.
-macro_rules! insert_inbox_then {
-    ($tail:literal) => {
+/// The inbox rows of a segment's messages, with the result and order id given as
+/// SQL; see `INSERT_INBOX`, `INSERT_NEW_INBOX` and `INSERT_SOLD_OUT_INBOX`.
+macro_rules! insert_inbox {
+    ($result:literal, $order_id:literal, $tail:literal) => {
         concat!(
             "
 INSERT INTO consumer_inbox (
@@ -722,7 +868,11 @@ INSERT INTO consumer_inbox (
     status, result_code, order_id
 )
 SELECT $1::text, m.message_id, m.topic, 'ORDER_CREATE', m.reservation_id::text,
-       m.reservation_id, m.payload_hash, 20, 'ORDER_CREATED', m.order_id
+       m.reservation_id, m.payload_hash, 20, ",
+            $result,
+            ", ",
+            $order_id,
+            "
 FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::bytea[], $6::int8[])
      AS m(message_id, topic, reservation_id, payload_hash, order_id)",
             $tail
@@ -731,14 +881,20 @@ FROM unnest($2::uuid[], $3::text[], $4::uuid[], $5::bytea[], $6::int8[])
 }
 
 /// Returns the messages that are new; a redelivery's row is left as it is.
-const INSERT_INBOX: &str = insert_inbox_then!(
+const INSERT_INBOX: &str = insert_inbox!(
+    "'ORDER_CREATED'",
+    "m.order_id",
     "
 ON CONFLICT (consumer_group, message_id) DO NOTHING
 RETURNING message_id"
 );
 
 /// For messages taken to be new: a redelivery fails the statement (23505).
-const INSERT_NEW_INBOX: &str = insert_inbox_then!("");
+const INSERT_NEW_INBOX: &str = insert_inbox!("'ORDER_CREATED'", "m.order_id", "");
+
+/// For messages taken to be new and sold out, with the result $7 and no order: a
+/// redelivery fails the statement (23505).
+const INSERT_SOLD_OUT_INBOX: &str = insert_inbox!("$7::text", "NULL::int8", "");
 
 // The inbox is read and updated one row per message, found by its full key in a
 // subquery of its own. As a join of the arrays to the table on (consumer_group,
@@ -800,6 +956,21 @@ FROM unnest($4::uuid[], $5::uuid[], $6::uuid[], $7::int8[], $8::timestamptz[],
             $9::timestamptz[], $11::int8[])
      AS m(reservation_id, request_id, message_id, user_id, reserved_at, expires_at,
           order_id)";
+
+/// The sold-out way's reservations, written as `REJECT_RESERVATIONS` would leave
+/// them after `INSERT_RESERVATIONS`: status $10 with failure code $11, at version 1.
+/// For reservations taken to be new: one that exists fails the statement (23505).
+const INSERT_REJECTED_RESERVATIONS: &str = "
+INSERT INTO inventory_reservation (
+    reservation_id, request_id, first_message_id, activity_id, sku_id, user_id,
+    inventory_bucket, quantity, status, failure_code, redis_reserved_at, expires_at,
+    version
+)
+SELECT m.reservation_id, m.request_id, m.message_id, $1::int8, $2::int8, m.user_id,
+       $3::int2, 1, $10::int2, $11::text, m.reserved_at, m.expires_at, 1
+FROM unnest($4::uuid[], $5::uuid[], $6::uuid[], $7::int8[], $8::timestamptz[],
+            $9::timestamptz[])
+     AS m(reservation_id, request_id, message_id, user_id, reserved_at, expires_at)";
 
 /// `reservation_verdict`'s columns, then the reservation id; locked in key order so
 /// two transactions locking overlapping sets cannot deadlock.
@@ -899,6 +1070,23 @@ const TAKE_UNITS: &str = take_units_then!("SELECT (SELECT count(*) FROM ledger) 
 const TAKE_ALL: &str = take_units_then!(
     "SELECT abort_unless((SELECT count(*) FROM ledger) = $4, 'the bucket holds fewer units than the batch takes')"
 );
+
+/// Fails with SK001 unless the bucket is empty and no order holds any of the
+/// segment's order keys (each found with its own unique index): then the careful way
+/// would insert every provisional order, take no unit and delete them all.
+const CHECK_SOLD_OUT: &str = "
+SELECT abort_unless(
+    (SELECT available_stock = 0 FROM sku_inventory
+     WHERE activity_id = $1 AND sku_id = $2 AND bucket_no = $3)
+    AND NOT EXISTS (SELECT 1 FROM orders WHERE order_id = ANY ($4::int8[]))
+    AND NOT EXISTS (SELECT 1 FROM orders WHERE order_no = ANY ($5::text[]))
+    AND NOT EXISTS (SELECT 1 FROM orders WHERE request_id = ANY ($6::uuid[]))
+    AND NOT EXISTS (SELECT 1 FROM orders WHERE reservation_id = ANY ($7::uuid[]))
+    AND NOT EXISTS (SELECT 1 FROM orders WHERE source_message_id = ANY ($8::uuid[]))
+    AND NOT EXISTS (
+        SELECT 1 FROM orders WHERE activity_id = $1 AND sku_id = $2 AND user_id = ANY ($9::int8[])
+    ),
+    'the bucket holds a unit, or an order holds a key of the batch')";
 
 const LOCK_INVENTORY: &str = "
 SELECT available_stock
