@@ -542,10 +542,35 @@ async fn small_batches_on_fresh_tables_never_scan_them() {
     // after, then batches sent as sold out.
     run_on(&mut conn, &msgs[..200], &[4], Speculation::Fresh).await;
     run_on(&mut conn, &msgs[200..400], &[4], Speculation::Careful).await;
+    let orders_indexes = [
+        "orders_pkey",
+        "uq_orders_order_no",
+        "uq_orders_request",
+        "uq_orders_reservation",
+        "uq_orders_source_message",
+        "uq_orders_user_sku",
+        "idx_orders_user_created",
+        "idx_orders_activity_status",
+    ];
+    let before = index_entries_read(&conn.client, &db, &orders_indexes).await;
     let sold_out = run_on(&mut conn, &msgs[400..], &[4], Speculation::SoldOut).await;
     assert!(
         sold_out.iter().all(|o| o.label() == "sold_out"),
         "{sold_out:?}"
+    );
+    // Every key the sold-out check looks up is new: by key, next to nothing is
+    // read. By the SKU, each batch read all 300 orders.
+    let after = index_entries_read(&conn.client, &db, &orders_indexes).await;
+    let read: Vec<_> = before
+        .iter()
+        .zip(&after)
+        .map(|((index, a), (_, b))| (index.clone(), b - a))
+        .filter(|(_, n)| *n > 50)
+        .collect();
+    assert_eq!(
+        read,
+        vec![],
+        "orders index entries read by 50 sold-out batches of 4"
     );
     let scans = sequential_scans(
         &conn.client,

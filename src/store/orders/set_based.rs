@@ -1072,8 +1072,15 @@ const TAKE_ALL: &str = take_units_then!(
 );
 
 /// Fails with SK001 unless the bucket is empty and no order holds any of the
-/// segment's order keys (each found with its own unique index): then the careful way
-/// would insert every provisional order, take no unit and delete them all.
+/// segment's order keys: then the careful way would insert every provisional order,
+/// take no unit and delete them all. Each key is looked up in an index that leads
+/// with it. A user's orders are found one user at a time, by user alone, and the
+/// SKU is checked on the rows (`IS NOT DISTINCT FROM` is no index condition). On a
+/// sale's fresh tables the generic plan PostgreSQL makes for the plain form (the
+/// activity and SKU as index conditions) read every order of the SKU from
+/// `idx_orders_activity_status` once per batch, and the one for `user_id = ANY`
+/// read the whole of `uq_orders_user_sku` by its last column (docs/BENCHMARKS.md,
+/// session 14).
 const CHECK_SOLD_OUT: &str = "
 SELECT abort_unless(
     (SELECT available_stock = 0 FROM sku_inventory
@@ -1084,7 +1091,14 @@ SELECT abort_unless(
     AND NOT EXISTS (SELECT 1 FROM orders WHERE reservation_id = ANY ($7::uuid[]))
     AND NOT EXISTS (SELECT 1 FROM orders WHERE source_message_id = ANY ($8::uuid[]))
     AND NOT EXISTS (
-        SELECT 1 FROM orders WHERE activity_id = $1 AND sku_id = $2 AND user_id = ANY ($9::int8[])
+        SELECT 1
+        FROM unnest($9::int8[]) AS m(user_id)
+        CROSS JOIN LATERAL (
+            SELECT 1 FROM orders
+            WHERE user_id = m.user_id
+              AND (activity_id, sku_id) IS NOT DISTINCT FROM ($1, $2)
+            OFFSET 0
+        ) AS o
     ),
     'the bucket holds a unit, or an order holds a key of the batch')";
 
