@@ -286,14 +286,24 @@ impl Handler<RunOrder> for BucketActor {
 /// unit comes back. Anything else (redeliveries, repeat users, failures) is not
 /// worth assuming of the next batch.
 fn next_speculation(results: &[Result<OrderOutcome, ErrorClass>]) -> Speculation {
-    let new = |code| move |r: &Result<OrderOutcome, ErrorClass>| matches!(r, Ok(o) if o.code == code && !o.duplicate);
-    if results.iter().all(new(ResultCode::OrderCreated)) {
+    if results
+        .iter()
+        .all(|r| new_with(r, ResultCode::OrderCreated))
+    {
         Speculation::Fresh
-    } else if results.iter().any(new(ResultCode::PostgresSoldOut)) {
+    } else if results
+        .iter()
+        .any(|r| new_with(r, ResultCode::PostgresSoldOut))
+    {
         Speculation::SoldOut
     } else {
         Speculation::Careful
     }
+}
+
+/// A message that was new and ended with `code`.
+fn new_with(result: &Result<OrderOutcome, ErrorClass>, code: ResultCode) -> bool {
+    matches!(result, Ok(o) if o.code == code && !o.duplicate)
 }
 
 /// Whether the turn behind `turn` has passed (a turn that is gone has).
