@@ -5,6 +5,7 @@
 //! never held here: every unit of work is a PostgreSQL row, so a lost runner loses
 //! nothing.
 
+use std::cell::Cell;
 use std::fmt;
 use std::time::{Duration, Instant};
 
@@ -23,6 +24,34 @@ pub trait Service: Unpin + 'static {
     fn interval(&self) -> Duration;
     /// One pass over the available work.
     fn run_once(&self) -> LocalBoxFuture<'static, Result<Outcome, ServiceError>>;
+}
+
+/// Paces a service's look for expired leases (outbox rows, compensation tasks) to
+/// at most once a quarter lease, so a lease ends within about 1.25 leases. The look
+/// reads every entry of the table's `*_stale_*` index older than the lease, and the
+/// entries of rows that left the leased state stay there until a vacuum: looking on
+/// every run made draining a backlog quadratic (docs/BENCHMARKS.md, session 15).
+pub struct LeaseRecovery {
+    every: Duration,
+    last: Cell<Option<Instant>>,
+}
+
+impl LeaseRecovery {
+    pub fn new(lease: Duration) -> Self {
+        Self {
+            every: lease / 4,
+            last: Cell::new(None),
+        }
+    }
+
+    /// Whether to look now; a `true` counts as the look.
+    pub fn due(&self) -> bool {
+        let due = self.last.get().is_none_or(|at| at.elapsed() >= self.every);
+        if due {
+            self.last.set(Some(Instant::now()));
+        }
+        due
+    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -217,4 +246,19 @@ fn failure_backoff(interval: Duration, failures: u32) -> Duration {
         .saturating_mul(1 << failures.min(10))
         .min(MAX_FAILURE_BACKOFF);
     exp + Duration::from_millis(rand::rng().random_range(0..=exp.as_millis() as u64 / 4))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lease_recovery_looks_at_most_once_a_quarter_lease() {
+        let recovery = LeaseRecovery::new(Duration::from_millis(40));
+        assert!(recovery.due(), "the first run looks");
+        assert!(!recovery.due(), "not again within a quarter lease");
+        std::thread::sleep(Duration::from_millis(10));
+        assert!(recovery.due(), "again once a quarter lease has passed");
+        assert!(!recovery.due());
+    }
 }

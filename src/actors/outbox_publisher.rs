@@ -22,7 +22,7 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::BasicProperties;
 use uuid::Uuid;
 
-use super::maintenance::{Outcome, Service, ServiceError};
+use super::maintenance::{LeaseRecovery, Outcome, Service, ServiceError};
 use crate::actors::intake::IntakeStats;
 use crate::config::{AmqpSettings, OutboxSettings};
 use crate::mq;
@@ -95,6 +95,8 @@ struct Inner {
     publisher: LazyPublisher,
     /// Retention runs on every 50th pass only.
     runs: Cell<u64>,
+    /// When to take back expired leases.
+    recovery: LeaseRecovery,
     /// The order path this publisher yields to, if any.
     load: Option<Arc<dyn OrderLoad>>,
     /// When the last batch was claimed.
@@ -118,6 +120,7 @@ impl OutboxPublisher {
                 pool,
                 amqp,
                 exchange,
+                recovery: LeaseRecovery::new(config.lease),
                 config,
                 owner: format!("outbox-{}", Uuid::now_v7()),
                 publisher: LazyPublisher::new("seckill-outbox"),
@@ -164,7 +167,11 @@ impl Inner {
             return Ok(Outcome::default());
         }
         let mut conn = self.pool.get().await?;
-        let recovered = outbox::recover_expired_leases(&conn.client, self.config.lease).await?;
+        let recovered = if self.recovery.due() {
+            outbox::recover_expired_leases(&conn.client, self.config.lease).await?
+        } else {
+            0
+        };
         let events = outbox::claim(&mut conn.client, &self.owner, self.config.batch_size).await?;
         let claimed = events.len();
         self.last_claim.set(Some(Instant::now()));

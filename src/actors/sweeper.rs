@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures_util::future::LocalBoxFuture;
 
-use super::maintenance::{Outcome, Service, ServiceError};
+use super::maintenance::{LeaseRecovery, Outcome, Service, ServiceError};
 use crate::config::{CompensationSettings, SweeperSettings};
 use crate::domain::ids::IdGenerator;
 use crate::store::{compensation, sweeps, Pool};
@@ -42,12 +42,19 @@ struct Inner {
     pool: Pool,
     ids: Arc<IdGenerator>,
     config: SweeperConfig,
+    /// When to take back expired compensation leases.
+    recovery: LeaseRecovery,
 }
 
 impl Sweeper {
     pub fn new(pool: Pool, ids: Arc<IdGenerator>, config: SweeperConfig) -> Self {
         Self {
-            inner: Rc::new(Inner { pool, ids, config }),
+            inner: Rc::new(Inner {
+                pool,
+                ids,
+                recovery: LeaseRecovery::new(config.compensation_lease),
+                config,
+            }),
         }
     }
 }
@@ -73,9 +80,12 @@ impl Service for Sweeper {
                     None => break,
                 }
             }
-            let recovered =
+            let recovered = if inner.recovery.due() {
                 compensation::recover_expired_leases(&conn.client, inner.config.compensation_lease)
-                    .await?;
+                    .await?
+            } else {
+                0
+            };
             metrics::counter!("seckill_orders_cancelled_total").increment(cancelled);
             Ok(Outcome::default()
                 .count("cancelled", cancelled)

@@ -252,6 +252,13 @@ WHERE o.event_id = c.event_id
 RETURNING o.event_id, o.tag, o.message_key, o.schema_version, o.payload, o.headers,
           o.retry_count, o.max_retry, o.created_at";
 
+/// The lease is checked by `locked_by` alone: only a claim sets it, together with
+/// SENDING, and every way out of SENDING clears it, so the owner's token matches a
+/// SENDING row only. With `status = 10` in the condition as well, PostgreSQL
+/// (custom or generic plan, tables never analyzed) joined the keys' lookup with a
+/// bitmap scan of all of `idx_outbox_stale_sending`, whose entries for rows already
+/// SENT stay until a vacuum: each batch read every event sent before it, and
+/// draining a sale's backlog took quadratic time (docs/BENCHMARKS.md, session 15).
 const MARK_SENT: &str = "
 UPDATE event_outbox
 SET status = 20,
@@ -261,7 +268,6 @@ SET status = 20,
     last_error = NULL,
     updated_at = statement_timestamp()
 WHERE event_id = ANY($1)
-  AND status = 10
   AND locked_by = $2";
 
 const MARK_FAILED: &str = "

@@ -888,6 +888,66 @@ async fn batch_claims_read_their_batch_not_the_whole_backlog() {
     env.cleanup().await;
 }
 
+/// After a sale the publisher drains its backlog a batch per run, and the entries of
+/// every event already SENT stay in `idx_outbox_stale_sending` until a vacuum
+/// (autovacuum may be off). Neither completing a batch nor looking for expired
+/// leases on every run may read them all again: 20,000 events sent an hour ago,
+/// then ten runs of 200.
+#[actix_rt::test]
+async fn draining_a_backlog_does_not_read_every_event_sent_before_on_each_run() {
+    let env = TestEnv::new().await;
+    let db = env.db().await;
+    let amqp = env.amqp().await;
+    let channel = amqp.create_channel().await.unwrap();
+    bind_events(&env, &channel, "drain", "#").await;
+    let pool = env.one_connection_pool();
+    let publisher = OutboxPublisher::new(
+        pool.clone(),
+        env.settings.amqp.clone(),
+        OutboxConfig::from(&env.settings.outbox),
+        None,
+    );
+    let index = ["idx_outbox_stale_sending"];
+    // Set up through the publisher's own connection, so that the reading below
+    // flushes the set-up's statistics too.
+    let before = {
+        let backend = pool.get().await.unwrap();
+        let mut statuses = vec![10i16; 20_000];
+        statuses.extend([0i16; 2_000]);
+        builders::outbox_events(&backend.client, &statuses).await;
+        backend
+            .client
+            .batch_execute(
+                "UPDATE event_outbox SET locked_at = now() - interval '1 hour' WHERE status = 10;
+                 UPDATE event_outbox SET status = 20, locked_by = NULL, locked_at = NULL,
+                                         sent_at = now() - interval '1 hour'
+                 WHERE status = 10;",
+            )
+            .await
+            .unwrap();
+        index_entries_read(&backend.client, &db, &index).await
+    };
+    for _ in 0..10 {
+        publisher.run_once().await.unwrap();
+    }
+    let after = {
+        let backend = pool.get().await.unwrap();
+        index_entries_read(&backend.client, &db, &index).await
+    };
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM event_outbox WHERE status = 20").await,
+        22_000
+    );
+    let read = after[0].1 - before[0].1;
+    // One look for expired leases reads the 20,000 once; each run looking again, or
+    // each batch's completion reading the index, adds 20,000 or more per run.
+    assert!(
+        read < 40_000,
+        "{read} entries of idx_outbox_stale_sending read for 10 batches of 200"
+    );
+    env.cleanup().await;
+}
+
 /// The backlog gauges run every few seconds over tables that keep a day of finished
 /// rows (SENT events, DONE tasks): every count must come from a partial index, never
 /// from reading the whole table. A few rows in each counted state, among many
