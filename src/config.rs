@@ -481,7 +481,7 @@ mod tests {
             let s = Settings::load(None).expect("defaults are valid");
             assert_eq!(s.amqp.namespace, "seckill");
             // Little's law default: the hot bucket's pipeline plus the batch forming.
-            assert_eq!(s.db_permits(), 128 * (3 + 1));
+            assert_eq!(s.db_permits(), 64 * (3 + 1));
             assert_eq!(usize::from(s.prefetch()), s.db_permits());
             assert_eq!(s.owned_shards(), vec![0]);
             Ok(())
