@@ -194,15 +194,21 @@ impl Engine {
     /// Drains: consumers are cancelled at once, the deliveries already taken get
     /// `shutdown.grace_ms` to settle, then the connections close (the broker
     /// requeues whatever is still unacked, and the inbox answers it on redelivery).
-    /// The background services stop after their current run.
+    /// The background services stop after their current run. Returns once the
+    /// intakes have also sent their last acks and closed their connections (within
+    /// another grace period): a process that exited before that had the broker
+    /// redeliver what it settled last, which the inbox answers, but not a clean stop.
     pub async fn stop(self) {
         let _ = self.supervisor.send(Shutdown).await;
-        if self.stats.drained(self.grace).await {
+        let settled = self.stats.drained(self.grace).await;
+        let closed = self.stats.closed(self.grace).await;
+        if settled && closed {
             tracing::info!("engine stopped, every delivery settled");
         } else {
             tracing::warn!(
                 in_flight = self.stats.in_flight(),
-                "engine stopped with deliveries unsettled after the grace period; they will be redelivered"
+                closing = self.stats.consuming() + self.stats.closing(),
+                "engine stopped with deliveries unsettled or connections still open after the grace period; they will be redelivered"
             );
         }
     }

@@ -113,6 +113,8 @@ pub struct IntakeStats {
     peak: AtomicUsize,
     /// Intakes currently connected and consuming.
     consuming: AtomicUsize,
+    /// Intakes told to stop whose last acks and connection close are still to go.
+    closing: AtomicUsize,
     acks: Arc<AckCounts>,
 }
 
@@ -122,6 +124,9 @@ impl IntakeStats {
     }
     pub fn in_flight(&self) -> usize {
         self.in_flight.load(Ordering::Relaxed)
+    }
+    pub fn closing(&self) -> usize {
+        self.closing.load(Ordering::Relaxed)
     }
     pub fn peak(&self) -> usize {
         self.peak.load(Ordering::Relaxed)
@@ -143,6 +148,22 @@ impl IntakeStats {
         }
         true
     }
+
+    /// Waits until every intake has stopped consuming and closed its connection, its
+    /// last acks sent, or `grace` has passed; returns whether they all closed. Until
+    /// then the broker still holds their settled deliveries as unacked, and a process
+    /// that exits first has them redelivered.
+    pub async fn closed(&self, grace: std::time::Duration) -> bool {
+        let deadline = tokio::time::Instant::now() + grace;
+        while self.consuming() > 0 || self.closing() > 0 {
+            if tokio::time::Instant::now() >= deadline {
+                return false;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+        }
+        true
+    }
+
     fn enter(self: &Arc<Self>) -> InFlight {
         let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
         self.peak.fetch_max(now, Ordering::Relaxed);
@@ -442,6 +463,9 @@ impl<W: IntakeWork> Handler<StopChild> for Intake<W> {
             let confirms = link.outlet.publisher.channel().clone();
             let acks = link.outlet.acks.clone();
             let (stats, grace) = (self.stats.clone(), self.config.grace);
+            // Counted before this actor drops and stops counting as consuming, so
+            // that `closed` never sees neither.
+            stats.closing.fetch_add(1, Ordering::Relaxed);
             actix::spawn(async move {
                 let _ = channel
                     .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
@@ -449,6 +473,7 @@ impl<W: IntakeWork> Handler<StopChild> for Intake<W> {
                 stats.drained(grace).await;
                 acks.flush().await;
                 mq::close(&connection, &[&channel, &confirms]).await;
+                stats.closing.fetch_sub(1, Ordering::Relaxed);
             });
         }
         ctx.stop();
