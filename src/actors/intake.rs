@@ -139,14 +139,7 @@ impl IntakeStats {
     /// Waits until nothing is in flight or `grace` has passed; returns whether it
     /// drained.
     pub async fn drained(&self, grace: std::time::Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + grace;
-        while self.in_flight() > 0 {
-            if tokio::time::Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-        true
+        poll_until(grace, || self.in_flight() == 0).await
     }
 
     /// Waits until every intake has stopped consuming and closed its connection, its
@@ -154,14 +147,7 @@ impl IntakeStats {
     /// then the broker still holds their settled deliveries as unacked, and a process
     /// that exits first has them redelivered.
     pub async fn closed(&self, grace: std::time::Duration) -> bool {
-        let deadline = tokio::time::Instant::now() + grace;
-        while self.consuming() > 0 || self.closing() > 0 {
-            if tokio::time::Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-        }
-        true
+        poll_until(grace, || self.consuming() == 0 && self.closing() == 0).await
     }
 
     fn enter(self: &Arc<Self>) -> InFlight {
@@ -170,6 +156,19 @@ impl IntakeStats {
         metrics::gauge!("seckill_intake_in_flight").set(now as f64);
         InFlight(self.clone())
     }
+}
+
+/// Polls `done` every 20 ms until it holds or `grace` has passed; returns whether it
+/// held.
+async fn poll_until(grace: std::time::Duration, done: impl Fn() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + grace;
+    while !done() {
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+    }
+    true
 }
 
 /// One unsettled delivery; dropping it counts the delivery as settled.
