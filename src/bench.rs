@@ -21,7 +21,9 @@ use serde::Serialize;
 use uuid::Uuid;
 
 mod cpu;
+mod stalls;
 pub use cpu::CpuUse;
+pub use stalls::HostStalls;
 
 use crate::config::Settings;
 use crate::domain::ids::IdGenerator;
@@ -122,6 +124,13 @@ pub struct Report {
     /// This host's CPU from the start of the drive until all was settled; None
     /// where `/proc` cannot be read.
     pub cpu: Option<CpuUse>,
+    /// Stalls of the host's cores over the same time, seen by a probe thread; None
+    /// if the probe could not run.
+    pub host_stalls: Option<HostStalls>,
+    /// Orders written more than 50 ms after their reservation, and how many of them
+    /// were in flight (reserved before a host stall ended, written after it began)
+    /// while the host stalled; None without the probe.
+    pub slow_orders: Option<SlowOrders>,
     pub responses: BTreeMap<String, u64>,
     pub outcomes: BTreeMap<String, i64>,
     pub checks: BTreeMap<String, i64>,
@@ -130,6 +139,13 @@ pub struct Report {
     /// transaction, and `--pgbench-batch` orders per transaction.
     pub baseline: Option<Baseline>,
     pub batched_baseline: Option<Baseline>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct SlowOrders {
+    /// Reservation → order row (INSERT) over 50 ms.
+    pub over_50ms: i64,
+    pub in_host_stalls: i64,
 }
 
 /// The database-only figure: `bench/pgbench/run` on the same server.
@@ -224,6 +240,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
         .unwrap_or_else(|| format!("http://{}/metrics", settings.admin.addr));
     let commit_before = commit_histogram(&metrics_url).await;
     let cpu_before = cpu::Reading::take();
+    let probe = stalls::Probe::start();
     let started = Instant::now();
     let start_time = Utc::now();
     let (responses, expected) = match args.mode {
@@ -259,6 +276,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
     spinner.finish_and_clear();
     let settle_seconds = started.elapsed().as_secs_f64();
     let cpu_after = cpu::Reading::take();
+    let host_stalls = probe.and_then(stalls::Probe::finish);
     let commit_latency = match (commit_before, commit_histogram(&metrics_url).await) {
         (Ok(before), Ok(after)) => commit_latency(&before, &after),
         (Err(e), _) | (_, Err(e)) => {
@@ -277,6 +295,20 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
+    let slow_orders = match &host_stalls {
+        Some(h) => {
+            let (starts, ends): (Vec<f64>, Vec<f64>) = h.windows.iter().copied().unzip();
+            let row = db
+                .query_one(SLOW_ORDERS, &[&activity_id, &starts, &ends])
+                .await
+                .context("counting slow orders")?;
+            Some(SlowOrders {
+                over_50ms: row.get(0),
+                in_host_stalls: row.get(1),
+            })
+        }
+        None => None,
+    };
     let checks_run = run_checks(&db, Some(activity_id)).await?;
     let oversold = (sold - i64::from(args.stock)).max(0);
     let passed = oversold == 0 && checks_run.iter().all(|c| c.ok());
@@ -304,6 +336,8 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
         cpu: cpu_before
             .zip(cpu_after)
             .map(|(before, after)| before.until(&after, sold)),
+        host_stalls,
+        slow_orders,
         responses,
         outcomes,
         checks: checks_run
@@ -686,6 +720,18 @@ fn print_report(r: &Report) {
         println!("  cpu share          {}", list(&c.share_percent, " %"));
         println!("  host               {}", list(&c.host_percent, " %"));
     }
+    if let Some(h) = &r.host_stalls {
+        println!(
+            "  host stalls        {} ({:.0} ms in all, longest {:.0} ms; a {:.0} µs piece of work took up to {:.0}x as long), {} probes",
+            h.stalls, h.stalled_ms, h.longest_ms, h.piece_us, h.worst_slowdown, h.probes
+        );
+    }
+    if let Some(s) = &r.slow_orders {
+        println!(
+            "  orders over 50 ms  {} (reservation → order row), {} of them in flight during a host stall",
+            s.over_50ms, s.in_host_stalls
+        );
+    }
     println!("  responses:");
     for (k, v) in &r.responses {
         println!("    {k:<28} {v}");
@@ -718,6 +764,20 @@ SELECT count(o.order_id),
 FROM orders AS o
 JOIN inventory_reservation AS r ON r.reservation_id = o.reservation_id
 WHERE o.activity_id = $1";
+
+/// The bench and PostgreSQL read one clock (same host), so the stall windows and
+/// the orders' times compare directly.
+const SLOW_ORDERS: &str = "
+SELECT count(*) FILTER (WHERE t.lat > 0.05),
+       count(*) FILTER (WHERE t.lat > 0.05 AND EXISTS (
+           SELECT 1 FROM unnest($2::float8[], $3::float8[]) AS s(start_s, end_s)
+           WHERE t.reserved <= s.end_s AND t.written >= s.start_s))
+FROM (SELECT extract(epoch FROM r.redis_reserved_at)::float8 AS reserved,
+             extract(epoch FROM o.created_at)::float8 AS written,
+             extract(epoch FROM o.created_at - r.redis_reserved_at)::float8 AS lat
+      FROM orders AS o
+      JOIN inventory_reservation AS r ON r.reservation_id = o.reservation_id
+      WHERE o.activity_id = $1) AS t";
 
 const OUTCOMES: &str = "
 SELECT c.result_code, count(*)

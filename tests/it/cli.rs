@@ -443,6 +443,19 @@ async fn bench_sells_out_through_both_paths_with_clean_invariants() {
             .unwrap()
             .values()
             .all(|v| v == 0));
+        // The host probe ran through the drive, and its stalls were set beside the
+        // orders' times.
+        let stalls = &report["host_stalls"];
+        assert!(stalls["probes"].as_u64().unwrap() > 0, "{mode}: {report}");
+        assert_eq!(
+            stalls["stalls"].as_u64().unwrap(),
+            stalls["windows"].as_array().unwrap().len() as u64
+        );
+        let slow = &report["slow_orders"];
+        assert!(
+            slow["in_host_stalls"].as_i64().unwrap() <= slow["over_50ms"].as_i64().unwrap(),
+            "{mode}: {report}"
+        );
     }
     handle.stop(true).await;
     running_engine.stop().await;
