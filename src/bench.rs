@@ -722,8 +722,8 @@ fn print_report(r: &Report) {
     }
     if let Some(h) = &r.host_stalls {
         println!(
-            "  host stalls        {} ({:.0} ms in all, longest {:.0} ms; a {:.0} µs piece of work took up to {:.0}x as long), {} probes",
-            h.stalls, h.stalled_ms, h.longest_ms, h.piece_us, h.worst_slowdown, h.probes
+            "  host stalls        {} ({:.0} ms in all, longest {:.0} ms); a piece of work took {:.0} µs at best, {:.0} µs at the median, up to {:.0}x the best ({} probes)",
+            h.stalls, h.stalled_ms, h.longest_ms, h.piece_us, h.piece_p50_us, h.worst_slowdown, h.probes
         );
     }
     if let Some(s) = &r.slow_orders {

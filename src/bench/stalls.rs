@@ -23,8 +23,11 @@ use serde::Serialize;
 pub struct HostStalls {
     /// Pieces of work timed.
     pub probes: u64,
-    /// The fastest piece's thread CPU time, the reference for the others.
+    /// The fastest piece's thread CPU time, the reference for the others, and the
+    /// median piece's: a core slowed all along, not in bursts, shows as a median
+    /// well above the fastest.
     pub piece_us: f64,
+    pub piece_p50_us: f64,
     /// Stalls: runs of slowed pieces, each less than 100 ms from the next.
     pub stalls: u64,
     /// From the start of a stall's first slowed piece to the end of its last, summed
@@ -153,9 +156,12 @@ fn summarize(pieces: &[Piece], epoch: Duration) -> Option<HostStalls> {
     }
     let lengths = stalls.iter().map(|(start, end)| end.saturating_sub(*start));
     let slowest = pieces.iter().map(|p| p.cpu).max().unwrap_or(fastest);
+    let mut cpu: Vec<Duration> = pieces.iter().map(|p| p.cpu).collect();
+    let (_, median, _) = cpu.select_nth_unstable(pieces.len() / 2);
     Some(HostStalls {
         probes: pieces.len() as u64,
         piece_us: fastest.as_secs_f64() * 1e6,
+        piece_p50_us: median.as_secs_f64() * 1e6,
         stalls: stalls.len() as u64,
         // A float sum of nothing is -0.0.
         stalled_ms: lengths
@@ -209,6 +215,7 @@ mod tests {
         assert!((s.stalled_ms - 27.0).abs() < 1e-9, "{s:?}");
         assert!((s.worst_slowdown - 100.0).abs() < 1e-9, "{s:?}");
         assert!((s.piece_us - 50.0).abs() < 1e-9, "{s:?}");
+        assert!((s.piece_p50_us - 50.0).abs() < 1e-9, "{s:?}");
         assert_windows(&s, &[(0.040, 0.066), (0.180, 0.181)]);
     }
 
@@ -225,6 +232,7 @@ mod tests {
     fn a_steady_core_shows_no_stall() {
         let pieces: Vec<Piece> = (0..50).map(|i| piece(i * 2, 50 + i % 7)).collect();
         let s = summarize(&pieces, Duration::ZERO).expect("pieces");
+        assert!((s.piece_p50_us - 53.0).abs() < 1e-9, "{s:?}");
         assert_eq!(s.stalls, 0);
         assert!(
             s.stalled_ms.is_sign_positive() && s.stalled_ms == 0.0,
