@@ -285,30 +285,26 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
         }
     };
 
-    let stats = db.query_one(STATS, &[&activity_id, &start_time]).await?;
+    let (starts, ends): (Vec<f64>, Vec<f64>) = host_stalls
+        .iter()
+        .flat_map(|h| h.windows.iter().copied())
+        .unzip();
+    let stats = db
+        .query_one(STATS, &[&activity_id, &start_time, &starts, &ends])
+        .await?;
     let sold: i64 = stats.get(0);
     let last_order: Option<f64> = stats.get(1);
     let lat: Vec<Option<f64>> = vec![stats.get(2), stats.get(3), stats.get(4), stats.get(5)];
+    let slow_orders = host_stalls.as_ref().map(|_| SlowOrders {
+        over_50ms: stats.get(6),
+        in_host_stalls: stats.get(7),
+    });
     let outcomes: BTreeMap<String, i64> = db
         .query(OUTCOMES, &[&activity_id])
         .await?
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    let slow_orders = match &host_stalls {
-        Some(h) => {
-            let (starts, ends): (Vec<f64>, Vec<f64>) = h.windows.iter().copied().unzip();
-            let row = db
-                .query_one(SLOW_ORDERS, &[&activity_id, &starts, &ends])
-                .await
-                .context("counting slow orders")?;
-            Some(SlowOrders {
-                over_50ms: row.get(0),
-                in_host_stalls: row.get(1),
-            })
-        }
-        None => None,
-    };
     let checks_run = run_checks(&db, Some(activity_id)).await?;
     let oversold = (sold - i64::from(args.stock)).max(0);
     let passed = oversold == 0 && checks_run.iter().all(|c| c.ok());
@@ -754,26 +750,24 @@ FROM inventory_reservation WHERE activity_id = $1";
 
 /// Units sold, seconds from the start to the last order, and latency percentiles
 /// (milliseconds) from reservation to the order row.
+/// The run's orders: count, time of the last, reservation → order row percentiles,
+/// and the orders over 50 ms with those of them in flight during a host stall
+/// (`$3`, `$4`: the stalls' starts and ends). The bench and PostgreSQL read one clock
+/// (same host), so the stall windows and the orders' times compare directly.
 const STATS: &str = "
-SELECT count(o.order_id),
-       extract(epoch FROM max(o.created_at) - $2::timestamptz)::float8,
-       percentile_cont(0.50) WITHIN GROUP (ORDER BY extract(epoch FROM o.created_at - r.redis_reserved_at) * 1000)::float8,
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM o.created_at - r.redis_reserved_at) * 1000)::float8,
-       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM o.created_at - r.redis_reserved_at) * 1000)::float8,
-       (max(extract(epoch FROM o.created_at - r.redis_reserved_at)) * 1000)::float8
-FROM orders AS o
-JOIN inventory_reservation AS r ON r.reservation_id = o.reservation_id
-WHERE o.activity_id = $1";
-
-/// The bench and PostgreSQL read one clock (same host), so the stall windows and
-/// the orders' times compare directly.
-const SLOW_ORDERS: &str = "
-SELECT count(*) FILTER (WHERE t.lat > 0.05),
+SELECT count(*),
+       extract(epoch FROM max(t.written) - $2::timestamptz)::float8,
+       percentile_cont(0.50) WITHIN GROUP (ORDER BY t.lat * 1000)::float8,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY t.lat * 1000)::float8,
+       percentile_cont(0.99) WITHIN GROUP (ORDER BY t.lat * 1000)::float8,
+       (max(t.lat) * 1000)::float8,
+       count(*) FILTER (WHERE t.lat > 0.05),
        count(*) FILTER (WHERE t.lat > 0.05 AND EXISTS (
-           SELECT 1 FROM unnest($2::float8[], $3::float8[]) AS s(start_s, end_s)
-           WHERE t.reserved <= s.end_s AND t.written >= s.start_s))
-FROM (SELECT extract(epoch FROM r.redis_reserved_at)::float8 AS reserved,
-             extract(epoch FROM o.created_at)::float8 AS written,
+           SELECT 1 FROM unnest($3::float8[], $4::float8[]) AS s(start_s, end_s)
+           WHERE extract(epoch FROM t.reserved)::float8 <= s.end_s
+             AND extract(epoch FROM t.written)::float8 >= s.start_s))
+FROM (SELECT r.redis_reserved_at AS reserved,
+             o.created_at AS written,
              extract(epoch FROM o.created_at - r.redis_reserved_at)::float8 AS lat
       FROM orders AS o
       JOIN inventory_reservation AS r ON r.reservation_id = o.reservation_id
