@@ -748,8 +748,6 @@ const SETTLED: &str = "
 SELECT count(*) FILTER (WHERE status <> 0), count(*) FILTER (WHERE status = 0)
 FROM inventory_reservation WHERE activity_id = $1";
 
-/// Units sold, seconds from the start to the last order, and latency percentiles
-/// (milliseconds) from reservation to the order row.
 /// The run's orders: count, time of the last, reservation → order row percentiles,
 /// and the orders over 50 ms with those of them in flight during a host stall
 /// (`$3`, `$4`: the stalls' starts and ends). The bench and PostgreSQL read one clock

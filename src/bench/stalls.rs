@@ -140,11 +140,11 @@ fn run(stop: &AtomicBool, started: Instant) -> Vec<Piece> {
 /// The stalls among `pieces` (in the order they ran), `epoch` being the wall clock
 /// at their zero; None without pieces.
 fn summarize(pieces: &[Piece], epoch: Duration) -> Option<HostStalls> {
-    let fastest = pieces
-        .iter()
-        .map(|p| p.cpu)
-        .min()?
-        .max(Duration::from_nanos(1));
+    let mut cpu: Vec<Duration> = pieces.iter().map(|p| p.cpu).collect();
+    let slowest = *cpu.iter().max()?;
+    let fastest = (*cpu.iter().min()?).max(Duration::from_nanos(1));
+    let mid = cpu.len() / 2;
+    let (_, &mut median, _) = cpu.select_nth_unstable(mid);
     let threshold = fastest.mul_f64(SLOWDOWN).max(MIN_SLOW);
     let mut stalls: Vec<(Duration, Duration)> = Vec::new();
     for p in pieces.iter().filter(|p| p.cpu >= threshold) {
@@ -155,9 +155,6 @@ fn summarize(pieces: &[Piece], epoch: Duration) -> Option<HostStalls> {
         }
     }
     let lengths = stalls.iter().map(|(start, end)| end.saturating_sub(*start));
-    let slowest = pieces.iter().map(|p| p.cpu).max().unwrap_or(fastest);
-    let mut cpu: Vec<Duration> = pieces.iter().map(|p| p.cpu).collect();
-    let (_, median, _) = cpu.select_nth_unstable(pieces.len() / 2);
     Some(HostStalls {
         probes: pieces.len() as u64,
         piece_us: fastest.as_secs_f64() * 1e6,
