@@ -1,0 +1,42 @@
+# Sourced by the bench scripts (bench-matrix, bench-p99): a freshly migrated `seckill`
+# database and release engines started on it, each waited for until its /readyz
+# answers and stopped again with SIGINT (the engine's graceful drain). The caller sets
+# E to the engine binary and stops what it started with stop_engines (also on EXIT).
+
+engine_pids=()
+
+# fresh_database: drop `seckill` and migrate it anew. Old rows slow PostgreSQL down
+# and would blur a comparison between runs.
+fresh_database() {
+  psql -X -q -h 127.0.0.1 -U postgres -d postgres \
+    -c "DROP DATABASE IF EXISTS seckill WITH (FORCE)" >/dev/null 2>&1
+  local out
+  out=$("$E" migrate 2>&1) || { printf '%s\n' "$out" >&2; return 1; }
+}
+
+# start_engine LOG ADMIN [NAME=VALUE...]: `serve` with those environment variables
+# added, its output in LOG; returns once http://ADMIN/readyz answers 200 (60 s at
+# most, or as soon as the engine exits).
+start_engine() {
+  local log=$1 admin=$2
+  shift 2
+  env "$@" RUST_LOG=warn "$E" serve >"$log" 2>&1 &
+  local pid=$!
+  engine_pids+=("$pid")
+  for _ in $(seq 1 240); do
+    curl -fs -o /dev/null --max-time 1 "http://$admin/readyz" 2>/dev/null && return 0
+    kill -0 "$pid" 2>/dev/null || break
+    sleep 0.25
+  done
+  tail -n 20 "$log" >&2
+  echo "the engine (log $log) did not become ready on $admin" >&2
+  return 1
+}
+
+# stop_engines: SIGINT to every engine started here, then wait for each to drain.
+stop_engines() {
+  local pid
+  for pid in "${engine_pids[@]}"; do kill -INT "$pid" 2>/dev/null; done
+  for pid in "${engine_pids[@]}"; do wait "$pid" 2>/dev/null; done
+  engine_pids=()
+}
