@@ -5,7 +5,8 @@
 //! COMMIT for all). Up to `engine.bucket_pipeline` transactions run at once, so one's
 //! inserts overlap another's inventory UPDATE and COMMIT, but a new one starts only
 //! once the last one started has the row (or none runs), so that it takes every
-//! order that waited meanwhile rather than the first; an `AllocationTurn` chain
+//! order that waited meanwhile rather than the first, and the last of those slots
+//! only with a full batch; an `AllocationTurn` chain
 //! gives them the inventory row one at a time, from UPDATE to COMMIT, in the order
 //! the batches were formed, so inside one instance the hot row never waits on a
 //! PostgreSQL row lock. Orders related to a running transaction (a shared message,
@@ -167,12 +168,24 @@ impl BucketActor {
             || self.ahead_of_last.as_ref().is_none_or(has_passed)
     }
 
+    /// Whether a pipeline slot is free for a transaction starting now. The last
+    /// slot takes only a full batch: a backlog needs every slot, but at a moderate
+    /// load the orders that arrive while the last slot would be taken are better
+    /// off waiting for the oldest transaction to end and going with more others
+    /// (docs/BENCHMARKS.md, session 17). With one order per transaction every
+    /// waiting order is a full batch.
+    fn slot_free(&self) -> bool {
+        slot_free(
+            self.running,
+            self.shared.pipeline,
+            self.waiting.len(),
+            self.shared.batch_max_size,
+        )
+    }
+
     /// Starts transactions while a pipeline slot is free and orders wait.
     fn next_batch(&mut self, ctx: &mut Context<Self>) {
-        while self.running < self.shared.pipeline.max(1)
-            && self.may_start()
-            && self.start_batch(ctx)
-        {}
+        while self.slot_free() && self.may_start() && self.start_batch(ctx) {}
     }
 
     /// Starts a transaction with the orders at the head of the queue, up to the
@@ -253,6 +266,14 @@ impl BucketActor {
     }
 }
 
+/// `BucketActor::slot_free`: with `running` transactions of at most `pipeline`
+/// and `waiting` orders, whether one more may start now.
+fn slot_free(running: usize, pipeline: usize, waiting: usize, batch_max_size: usize) -> bool {
+    let pipeline = pipeline.max(1);
+    let full = waiting >= batch_max_size;
+    running + 1 < pipeline || (running + 1 == pipeline && (running == 0 || full))
+}
+
 impl Actor for BucketActor {
     type Context = Context<Self>;
 }
@@ -268,8 +289,9 @@ impl Handler<RunOrder> for BucketActor {
             reply,
         });
         // While transactions run, the next starts when the last one started gets
-        // the row or when one ends (`start_batch`), with every order waiting then.
-        if self.running == 0 || self.shared.batch_max_size <= 1 {
+        // the row or when one ends (`start_batch`), with every order waiting then,
+        // or as soon as a full batch waits for the last pipeline slot (`slot_free`).
+        if self.running == 0 || self.waiting.len() >= self.shared.batch_max_size {
             self.next_batch(ctx);
         }
         Box::pin(async move {
@@ -487,4 +509,35 @@ async fn run_orders(
         attempts,
         pool_acquire,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::slot_free;
+
+    #[test]
+    fn the_last_pipeline_slot_takes_only_a_full_batch() {
+        // pipeline 3, batches of 64: two run with whatever waits, the third only with 64.
+        assert!(slot_free(0, 3, 1, 64));
+        assert!(slot_free(1, 3, 1, 64));
+        assert!(!slot_free(2, 3, 63, 64));
+        assert!(slot_free(2, 3, 64, 64));
+        assert!(!slot_free(3, 3, 500, 64));
+        // pipeline 2: the second slot is the last one.
+        assert!(slot_free(0, 2, 1, 64));
+        assert!(!slot_free(1, 2, 10, 64));
+        assert!(slot_free(1, 2, 64, 64));
+    }
+
+    #[test]
+    fn an_idle_bucket_always_starts_and_one_order_batches_are_always_full() {
+        // pipeline 1: the only slot is the last, and an idle bucket must still start.
+        assert!(slot_free(0, 1, 1, 64));
+        assert!(!slot_free(1, 1, 64, 64));
+        // One order per transaction (the per-message path): every slot, as before.
+        assert!(slot_free(2, 3, 1, 1));
+        assert!(!slot_free(3, 3, 1, 1));
+        // A pipeline of 0 is read as 1.
+        assert!(slot_free(0, 0, 1, 64));
+    }
 }
