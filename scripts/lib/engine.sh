@@ -1,16 +1,31 @@
-# Sourced by the bench scripts (bench-matrix, bench-p99): a freshly migrated `seckill`
-# database and release engines started on it, each waited for until its /readyz
+# Sourced by the bench scripts (bench-matrix, bench-p99): the engine's database freshly
+# migrated, and release engines started on it, each waited for until its /readyz
 # answers and stopped again with SIGINT (the engine's graceful drain). The caller sets
 # E to the engine binary and stops what it started with stop_engines (also on EXIT).
 
 engine_pids=()
 
-# fresh_database: drop `seckill` and migrate it anew. Old rows slow PostgreSQL down
-# and would blur a comparison between runs.
+# fresh_database: drop the engine's database and migrate it anew. Old rows slow
+# PostgreSQL down and would blur a comparison between runs. The database is the one
+# the engine is configured for (SECKILL__DATABASE__URL, else config/default.toml), so
+# the drop reaches the same server and name that `migrate` and `serve` then use.
 fresh_database() {
-  psql -X -q -h 127.0.0.1 -U postgres -d postgres \
-    -c "DROP DATABASE IF EXISTS seckill WITH (FORCE)" >/dev/null 2>&1
-  local out
+  local host port user pass name out
+  { read -r host && read -r port && read -r user && read -r pass && read -r name; } < <(
+    python3 - <<'PY'
+import os, tomllib, urllib.parse
+url = os.environ.get("SECKILL__DATABASE__URL") or \
+    tomllib.load(open("config/default.toml", "rb"))["database"]["url"]
+u = urllib.parse.urlsplit(url)
+for part in (u.hostname or "localhost", u.port or 5432, u.username or "postgres",
+             u.password or "", u.path.lstrip("/") or "seckill"):
+    print(urllib.parse.unquote(str(part)))
+PY
+  ) || { echo "fresh_database: cannot read the database URL" >&2; return 1; }
+  PGPASSWORD=$pass PGOPTIONS='-c client_min_messages=warning' \
+    psql -X -q -v ON_ERROR_STOP=1 -v name="$name" -h "$host" -p "$port" -U "$user" -d postgres \
+    <<<'DROP DATABASE IF EXISTS :"name" WITH (FORCE)' ||
+    { echo "fresh_database: could not drop database $name" >&2; return 1; }
   out=$("$E" migrate 2>&1) || { printf '%s\n' "$out" >&2; return 1; }
 }
 
