@@ -6,26 +6,15 @@
 engine_pids=()
 
 # fresh_database: drop the engine's database and migrate it anew. Old rows slow
-# PostgreSQL down and would blur a comparison between runs. The database is the one
-# the engine is configured for (SECKILL__DATABASE__URL, else config/default.toml), so
-# the drop reaches the same server and name that `migrate` and `serve` then use.
+# PostgreSQL down and would blur a comparison between runs. `scripts/services psql`
+# reads the database URL as the engine does (SECKILL__DATABASE__URL, else
+# config/default.toml), so the drop reaches the server and name that `migrate` and
+# `serve` then use.
 fresh_database() {
-  local host port user pass name out
-  { read -r host && read -r port && read -r user && read -r pass && read -r name; } < <(
-    python3 - <<'PY'
-import os, tomllib, urllib.parse
-url = os.environ.get("SECKILL__DATABASE__URL") or \
-    tomllib.load(open("config/default.toml", "rb"))["database"]["url"]
-u = urllib.parse.urlsplit(url)
-for part in (u.hostname or "localhost", u.port or 5432, u.username or "postgres",
-             u.password or "", u.path.lstrip("/") or "seckill"):
-    print(urllib.parse.unquote(str(part)))
-PY
-  ) || { echo "fresh_database: cannot read the database URL" >&2; return 1; }
-  PGPASSWORD=$pass PGOPTIONS='-c client_min_messages=warning' \
-    psql -X -q -v ON_ERROR_STOP=1 -v name="$name" -h "$host" -p "$port" -U "$user" -d postgres \
-    <<<'DROP DATABASE IF EXISTS :"name" WITH (FORCE)' ||
-    { echo "fresh_database: could not drop database $name" >&2; return 1; }
+  local out
+  PGOPTIONS='-c client_min_messages=warning' scripts/services psql -q -v ON_ERROR_STOP=1 \
+    <<<'DROP DATABASE IF EXISTS :"db" WITH (FORCE)' ||
+    { echo "fresh_database: could not drop the engine's database" >&2; return 1; }
   out=$("$E" migrate 2>&1) || { printf '%s\n' "$out" >&2; return 1; }
 }
 

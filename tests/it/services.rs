@@ -1,8 +1,14 @@
 //! `scripts/services up` starts PostgreSQL, RabbitMQ and Redis when the configured
-//! URLs do not answer, is idempotent, and `down` stops what it started.
+//! URLs do not answer, is idempotent, and `down` stops what it started;
+//! `scripts/services psql` reaches the configured server and names its database.
 
+use std::io::Write;
 use std::net::TcpListener;
-use std::process::Command;
+use std::process::{Command, Stdio};
+
+use secrecy::ExposeSecret;
+
+use crate::common::{base_settings, with_dbname};
 
 fn free_port() -> u16 {
     // AMQP's Erlang distribution port defaults to port + 20000; keep both in range.
@@ -103,4 +109,39 @@ async fn services_up_starts_missing_services_on_the_configured_ports() {
     }
     assert!(down_ok, "{down_text}");
     assert!(!status_ok, "everything should be down again: {status_text}");
+}
+
+/// The bench scripts drop and recreate the engine's database through
+/// `scripts/services psql`: it must connect to the configured server's maintenance
+/// database and hand over the configured database's name, not a fixed one.
+#[test]
+fn services_psql_connects_to_the_configured_server_and_names_its_database() {
+    let url = with_dbname(
+        base_settings().database.url.expose_secret(),
+        "seckill_named_by_the_url",
+    );
+    let mut child = Command::new(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/services"))
+        .args(["psql", "-At", "-v", "ON_ERROR_STOP=1"])
+        .env("SECKILL__DATABASE__URL", &url)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("run scripts/services psql");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(b"SELECT :'db', current_database();\n")
+        .expect("write the query");
+    let out = child.wait_with_output().expect("psql finishes");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout),
+        "seckill_named_by_the_url|postgres\n"
+    );
 }
