@@ -120,7 +120,12 @@ pub struct Report {
     pub latency_ms: Latency,
     /// Reservation → COMMIT, from the engine's histogram; None if it could not be
     /// read.
-    pub commit_latency_ms: Option<CommitLatency>,
+    pub commit_latency_ms: Option<RunLatency>,
+    /// Publish → the engine's intake, from its histogram of order messages' age:
+    /// the broker's part of `commit_latency_ms` (in HTTP mode, from the front
+    /// stage's publish), so that a tail can be told apart as the broker's or the
+    /// engine's. None if it could not be read.
+    pub intake_age_ms: Option<RunLatency>,
     /// This host's CPU from the start of the drive until all was settled; None
     /// where `/proc` cannot be read.
     pub cpu: Option<CpuUse>,
@@ -160,11 +165,11 @@ pub struct Baseline {
     pub engine_ratio: f64,
 }
 
-/// The engine's `seckill_order_commit_latency_seconds` over the run (the difference
-/// of two scrapes): percentiles interpolated within its buckets, and the exact share
-/// of messages committed within 50 ms (a bucket bound).
+/// One of the engine's latency histograms over the run (the difference of two
+/// scrapes): percentiles interpolated within its buckets, and the exact share of
+/// messages within 50 ms (a bucket bound).
 #[derive(Debug, Serialize)]
-pub struct CommitLatency {
+pub struct RunLatency {
     pub messages: u64,
     pub p50: f64,
     pub p95: f64,
@@ -238,7 +243,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
         .metrics_url
         .clone()
         .unwrap_or_else(|| format!("http://{}/metrics", settings.admin.addr));
-    let commit_before = commit_histogram(&metrics_url).await;
+    let metrics_before = scrape(&metrics_url).await;
     let cpu_before = cpu::Reading::take();
     let probe = stalls::Probe::start();
     let started = Instant::now();
@@ -277,11 +282,22 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
     let settle_seconds = started.elapsed().as_secs_f64();
     let cpu_after = cpu::Reading::take();
     let host_stalls = probe.and_then(stalls::Probe::finish);
-    let commit_latency = match (commit_before, commit_histogram(&metrics_url).await) {
-        (Ok(before), Ok(after)) => commit_latency(&before, &after),
+    let (commit_latency, intake_age) = match (metrics_before, scrape(&metrics_url).await) {
+        (Ok(before), Ok(after)) => {
+            let run = |name: &str, labels: &str| {
+                run_latency(
+                    &parse_buckets(&before, name, labels),
+                    &parse_buckets(&after, name, labels),
+                )
+            };
+            (
+                run(crate::actors::bucket::COMMIT_LATENCY, ""),
+                run(crate::actors::intake::MESSAGE_AGE, ORDER_KIND),
+            )
+        }
         (Err(e), _) | (_, Err(e)) => {
             println!("bench: no reservation → commit latency ({metrics_url}: {e:#})");
-            None
+            (None, None)
         }
     };
 
@@ -329,6 +345,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
             max: lat[3].unwrap_or(0.0),
         },
         commit_latency_ms: commit_latency,
+        intake_age_ms: intake_age,
         cpu: cpu_before
             .zip(cpu_after)
             .map(|(before, after)| before.until(&after, sold)),
@@ -367,9 +384,11 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
     Ok(report)
 }
 
-/// The cumulative buckets (upper bound in seconds, count) of the engine's
-/// reservation → commit histogram.
-async fn commit_histogram(url: &str) -> anyhow::Result<Vec<(f64, u64)>> {
+/// The labels of the intake's age histogram for order messages, as exported.
+const ORDER_KIND: &str = "kind=\"order_create\",";
+
+/// The engine's metrics page.
+async fn scrape(url: &str) -> anyhow::Result<String> {
     let client = awc::Client::builder()
         .timeout(Duration::from_secs(5))
         .finish();
@@ -383,16 +402,15 @@ async fn commit_histogram(url: &str) -> anyhow::Result<Vec<(f64, u64)>> {
         .limit(16 << 20)
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(parse_buckets(
-        &String::from_utf8_lossy(&body),
-        crate::actors::bucket::COMMIT_LATENCY,
-    ))
+    Ok(String::from_utf8_lossy(&body).into_owned())
 }
 
-/// `NAME_bucket{le="X"} N` lines of a Prometheus text page; a histogram never
-/// recorded has none.
-fn parse_buckets(page: &str, name: &str) -> Vec<(f64, u64)> {
-    let prefix = format!("{name}_bucket{{le=\"");
+/// The cumulative buckets (upper bound in seconds, count) of one histogram of a
+/// Prometheus text page: its `NAME_bucket{LABELSle="X"} N` lines, where `labels`
+/// is the series' other labels as exported (`kind="x",`; empty for none). A
+/// histogram never recorded has none.
+fn parse_buckets(page: &str, name: &str, labels: &str) -> Vec<(f64, u64)> {
+    let prefix = format!("{name}_bucket{{{labels}le=\"");
     let mut buckets: Vec<(f64, u64)> = page
         .lines()
         .filter_map(|line| {
@@ -409,8 +427,8 @@ fn parse_buckets(page: &str, name: &str) -> Vec<(f64, u64)> {
     buckets
 }
 
-/// The run's share of the histogram: `after` minus `before`, bucket by bucket.
-fn commit_latency(before: &[(f64, u64)], after: &[(f64, u64)]) -> Option<CommitLatency> {
+/// The run's share of a histogram: `after` minus `before`, bucket by bucket.
+fn run_latency(before: &[(f64, u64)], after: &[(f64, u64)]) -> Option<RunLatency> {
     let run: Vec<(f64, u64)> = after
         .iter()
         .map(|&(le, n)| {
@@ -439,7 +457,7 @@ fn commit_latency(before: &[(f64, u64)], after: &[(f64, u64)]) -> Option<CommitL
         lower * 1000.0
     };
     let within = run.iter().find(|b| b.0 == 0.05).map(|b| b.1)?;
-    Some(CommitLatency {
+    Some(RunLatency {
         messages: total,
         p50: quantile(0.50),
         p95: quantile(0.95),
@@ -696,6 +714,12 @@ fn print_report(r: &Report) {
             c.p50, c.p95, c.p99, c.within_50ms * 100.0, c.messages
         );
     }
+    if let Some(a) = &r.intake_age_ms {
+        println!(
+            "    of it publish → intake ms  p50 {:.1}  p95 {:.1}  p99 {:.1}  within 50 ms {:.2} %  (the broker's part)",
+            a.p50, a.p95, a.p99, a.within_50ms * 100.0
+        );
+    }
     println!(
         "  drive {:.2} s, all settled after {:.2} s",
         r.drive_seconds, r.settle_seconds
@@ -790,22 +814,37 @@ x_seconds_bucket{le="+Inf"} 100
 x_seconds_sum 3.2
 x_seconds_count 100
 y_seconds_bucket{le="0.01"} 7
+z_seconds_bucket{kind="a",le="0.01"} 3
+z_seconds_bucket{kind="a",le="+Inf"} 4
+z_seconds_bucket{kind="b",le="0.01"} 5
+z_seconds_bucket{kind="b",le="+Inf"} 6
 "#;
 
     #[test]
     fn buckets_are_read_for_the_named_histogram_only() {
         assert_eq!(
-            parse_buckets(PAGE, "x_seconds"),
+            parse_buckets(PAGE, "x_seconds", ""),
             vec![(0.01, 10), (0.05, 90), (0.1, 100), (f64::INFINITY, 100)]
         );
-        assert!(parse_buckets(PAGE, "z_seconds").is_empty());
+        assert!(parse_buckets(PAGE, "w_seconds", "").is_empty());
+    }
+
+    #[test]
+    fn a_labelled_series_is_read_alone() {
+        assert_eq!(
+            parse_buckets(PAGE, "z_seconds", "kind=\"b\","),
+            vec![(0.01, 5), (f64::INFINITY, 6)]
+        );
+        // Without its labels a labelled histogram is not one series.
+        assert!(parse_buckets(PAGE, "z_seconds", "").is_empty());
+        assert_eq!(ORDER_KIND, "kind=\"order_create\",");
     }
 
     #[test]
     fn the_run_is_the_difference_of_two_scrapes() {
         let before = [(0.01, 5), (0.05, 5), (0.1, 5), (f64::INFINITY, 5)];
-        let after = parse_buckets(PAGE, "x_seconds");
-        let c = commit_latency(&before, &after).expect("a run with messages");
+        let after = parse_buckets(PAGE, "x_seconds", "");
+        let c = run_latency(&before, &after).expect("a run with messages");
         assert_eq!(c.messages, 95);
         // 85 of the run's 95 messages are within 50 ms.
         assert!((c.within_50ms - 85.0 / 95.0).abs() < 1e-9);
@@ -813,6 +852,6 @@ y_seconds_bucket{le="0.01"} 7
         assert!((c.p50 - 31.25).abs() < 1e-9, "p50 {}", c.p50);
         // p99: rank 94.05 falls in (50 ms, 100 ms], 9.05 of its 10.
         assert!((c.p99 - 95.25).abs() < 1e-9, "p99 {}", c.p99);
-        assert!(commit_latency(&after, &after).is_none());
+        assert!(run_latency(&after, &after).is_none());
     }
 }

@@ -28,9 +28,10 @@ const SECONDS_BUCKETS: &[f64] = &[
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-/// Buckets of `seckill_order_commit_latency_seconds`: fine around the tens of
-/// milliseconds a flash sale's latency objective sits in.
-const COMMIT_LATENCY_BUCKETS: &[f64] = &[
+/// Buckets of the order latencies (`seckill_order_commit_latency_seconds` and the
+/// broker's part of it, `seckill_intake_message_age_seconds`): fine around the tens
+/// of milliseconds a flash sale's latency objective sits in.
+const LATENCY_BUCKETS: &[f64] = &[
     0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
     2.5, 5.0, 10.0, 30.0,
 ];
@@ -51,7 +52,12 @@ pub fn metrics() -> Option<&'static PrometheusHandle> {
                 .ok()?
                 .set_buckets_for_metric(
                     Matcher::Full(crate::actors::bucket::COMMIT_LATENCY.into()),
-                    COMMIT_LATENCY_BUCKETS,
+                    LATENCY_BUCKETS,
+                )
+                .ok()?
+                .set_buckets_for_metric(
+                    Matcher::Full(crate::actors::intake::MESSAGE_AGE.into()),
+                    LATENCY_BUCKETS,
                 )
                 .ok()?
                 .set_buckets_for_metric(
