@@ -291,6 +291,10 @@ impl Handler<RunOrder> for BucketActor {
         // While transactions run, the next starts when the last one started gets
         // the row or when one ends (`start_batch`), with every order waiting then,
         // or as soon as a full batch waits for the last pipeline slot (`slot_free`).
+        // At a moderate load the last one started gets the row as it starts, before
+        // any order waits, so transactions run one after another; starting the next
+        // sooner was measured to cost more than it saves (docs/BENCHMARKS.md,
+        // session 19).
         if self.running == 0 || self.waiting.len() >= self.shared.batch_max_size {
             self.next_batch(ctx);
         }
