@@ -30,10 +30,11 @@ const SECONDS_BUCKETS: &[f64] = &[
 
 /// Buckets of the order latencies (`seckill_order_commit_latency_seconds` and the
 /// broker's part of it, `seckill_intake_message_age_seconds`): fine around the tens
-/// of milliseconds a flash sale's latency objective sits in.
+/// of milliseconds a flash sale's latency objective sits in, and down to the
+/// millisecond a quiet broker delivers in (the age is stamped in milliseconds).
 const LATENCY_BUCKETS: &[f64] = &[
-    0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 1.0,
-    2.5, 5.0, 10.0, 30.0,
+    0.001, 0.0025, 0.005, 0.01, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.06, 0.075, 0.1, 0.15, 0.2,
+    0.3, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
 /// Buckets of `seckill_order_batch_size`: powers of two up to the largest

@@ -649,7 +649,9 @@ async fn serve_exposes_liveness_readiness_and_metrics_that_count_outcomes() {
             "seckill_db_permits_available ",
             "seckill_mailbox_depth{kind=\"bucket\"} ",
             "seckill_mailbox_depth_max{kind=\"bucket\"} ",
-            // Fine buckets, as the commit latency has: the broker's part of it.
+            // Fine buckets, as the commit latency has (the broker's part of it), down
+            // to the millisecond.
+            "seckill_intake_message_age_seconds_bucket{kind=\"order_create\",le=\"0.001\"}",
             "seckill_intake_message_age_seconds_bucket{kind=\"order_create\",le=\"0.015\"}",
             "seckill_redis_command_duration_seconds_bucket{command=\"ping\",le=",
             "seckill_ready ",
