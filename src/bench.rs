@@ -25,6 +25,7 @@ mod stalls;
 pub use cpu::CpuUse;
 pub use stalls::HostStalls;
 
+use crate::actors::intake::{IntakeWork, OrderWork};
 use crate::config::Settings;
 use crate::domain::ids::IdGenerator;
 use crate::domain::message::OrderCreateMessage;
@@ -292,7 +293,10 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
             };
             (
                 run(crate::actors::bucket::COMMIT_LATENCY, ""),
-                run(crate::actors::intake::MESSAGE_AGE, ORDER_KIND),
+                run(
+                    crate::actors::intake::MESSAGE_AGE,
+                    &kind_labels(<OrderWork as IntakeWork>::KIND),
+                ),
             )
         }
         (Err(e), _) | (_, Err(e)) => {
@@ -384,8 +388,11 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
     Ok(report)
 }
 
-/// The labels of the intake's age histogram for order messages, as exported.
-const ORDER_KIND: &str = "kind=\"order_create\",";
+/// The labels of one of the intake's series for a queue kind (`IntakeWork::KIND`),
+/// as exported before `le`.
+fn kind_labels(kind: &str) -> String {
+    format!("kind=\"{kind}\",")
+}
 
 /// The engine's metrics page.
 async fn scrape(url: &str) -> anyhow::Result<String> {
@@ -832,12 +839,11 @@ z_seconds_bucket{kind="b",le="+Inf"} 6
     #[test]
     fn a_labelled_series_is_read_alone() {
         assert_eq!(
-            parse_buckets(PAGE, "z_seconds", "kind=\"b\","),
+            parse_buckets(PAGE, "z_seconds", &kind_labels("b")),
             vec![(0.01, 5), (f64::INFINITY, 6)]
         );
         // Without its labels a labelled histogram is not one series.
         assert!(parse_buckets(PAGE, "z_seconds", "").is_empty());
-        assert_eq!(ORDER_KIND, "kind=\"order_create\",");
     }
 
     #[test]
