@@ -300,7 +300,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
             )
         }
         (Err(e), _) | (_, Err(e)) => {
-            println!("bench: no reservation → commit latency ({metrics_url}: {e:#})");
+            println!("bench: no commit or intake latency from the engine ({metrics_url}: {e:#})");
             (None, None)
         }
     };
