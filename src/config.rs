@@ -364,16 +364,18 @@ impl Settings {
         Ok(())
     }
 
-    /// Orders in flight (Little's law, §10.5): a hot bucket keeps `bucket_pipeline`
-    /// transactions of up to `batch_max_size` orders running while the next batch
-    /// forms, so that many orders must be in flight to keep every batch full; and
-    /// never fewer than there are connections.
+    /// Orders in flight (Little's law, §10.5), enough to keep every batch full: a
+    /// hot bucket keeps `bucket_pipeline` transactions of up to `batch_max_size`
+    /// orders running while the next batch forms, and a sale spread over many
+    /// buckets can run a transaction on every pooled connection at once. With only
+    /// the hot bucket's share, 64 buckets split it into batches of a few orders and
+    /// sold at half the rate (docs/BENCHMARKS.md, session 20).
     pub fn db_permits(&self) -> usize {
         match self.engine.db_permits {
             0 => {
-                let hot_bucket = self.engine.batch_max_size as usize
-                    * (self.engine.bucket_pipeline as usize + 1);
-                hot_bucket.max(self.database.pool_size as usize)
+                let batch = self.engine.batch_max_size as usize;
+                let hot_bucket = self.engine.bucket_pipeline as usize + 1;
+                batch * hot_bucket.max(self.database.pool_size as usize)
             }
             n => n as usize,
         }
@@ -480,10 +482,29 @@ mod tests {
         Jail::expect_with(|_| {
             let s = Settings::load(None).expect("defaults are valid");
             assert_eq!(s.amqp.namespace, "seckill");
-            // Little's law default: the hot bucket's pipeline plus the batch forming.
-            assert_eq!(s.db_permits(), 64 * (3 + 1));
+            // Little's law default: a full batch for every pooled connection (16),
+            // more than the hot bucket's pipeline plus the batch forming (3 + 1).
+            assert_eq!(s.db_permits(), 64 * 16);
             assert_eq!(usize::from(s.prefetch()), s.db_permits());
             assert_eq!(s.owned_shards(), vec![0]);
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn derived_permits_fill_the_hot_bucket_or_every_connection() {
+        Jail::expect_with(|jail| {
+            let permits = || Settings::load(None).expect("valid settings").db_permits();
+            // A small pool: the hot bucket's pipeline and forming batch set it.
+            jail.set_env("SECKILL__DATABASE__POOL_SIZE", "2");
+            assert_eq!(permits(), 64 * (3 + 1));
+            // One order per transaction: one per connection, the seed's path.
+            jail.set_env("SECKILL__ENGINE__BATCH_MAX_SIZE", "1");
+            jail.set_env("SECKILL__DATABASE__POOL_SIZE", "16");
+            assert_eq!(permits(), 16);
+            // Set explicitly, it is taken as it is.
+            jail.set_env("SECKILL__ENGINE__DB_PERMITS", "300");
+            assert_eq!(permits(), 300);
             Ok(())
         });
     }
