@@ -369,7 +369,7 @@ impl Settings {
     /// orders running while the next batch forms, and a sale spread over many
     /// buckets can run a transaction on every pooled connection at once. With only
     /// the hot bucket's share, 64 buckets split it into batches of a few orders and
-    /// sold at half the rate (docs/BENCHMARKS.md, session 20).
+    /// sold at about 60 % of the rate (docs/BENCHMARKS.md, session 20).
     pub fn db_permits(&self) -> usize {
         match self.engine.db_permits {
             0 => {
