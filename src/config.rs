@@ -159,6 +159,7 @@ pub struct EngineSettings {
     pub node_id: u16,
     pub batch_max_size: u32,
     pub bucket_pipeline: u32,
+    pub order_transactions: u32,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -337,6 +338,12 @@ impl Settings {
                 "must be between 1 and 16".into(),
             ));
         }
+        if !(1..=1024).contains(&self.engine.order_transactions) {
+            return Err(invalid(
+                "engine.order_transactions",
+                "must be between 1 and 1024".into(),
+            ));
+        }
         if self.engine.node_id > crate::domain::ids::MAX_NODE_ID {
             return Err(invalid(
                 "engine.node_id",
@@ -487,6 +494,8 @@ mod tests {
             assert_eq!(s.db_permits(), 64 * 16);
             assert_eq!(usize::from(s.prefetch()), s.db_permits());
             assert_eq!(s.owned_shards(), vec![0]);
+            // Fewer order transactions at once than connections (session 21).
+            assert_eq!(s.engine.order_transactions, 8);
             Ok(())
         });
     }
@@ -516,6 +525,16 @@ mod tests {
             let err = Settings::load(None).unwrap_err().to_string();
             assert!(err.contains("pool_size"), "{err}");
             assert!(err.contains("SECKILL__DATABASE__POOL_SIZE"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn zero_order_transactions_is_rejected_naming_the_key() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SECKILL__ENGINE__ORDER_TRANSACTIONS", "0");
+            let err = Settings::load(None).unwrap_err().to_string();
+            assert!(err.contains("engine.order_transactions"), "{err}");
             Ok(())
         });
     }

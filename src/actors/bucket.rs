@@ -15,7 +15,9 @@
 //! order new and created, the next is sent speculatively, the whole transaction at
 //! once (`store::orders::set_based`); once one ends with a new order sold out, the
 //! next is sent whole as sold out, since its bucket is empty; after any other, the
-//! next goes the careful way.
+//! next goes the careful way. Over all buckets, at most `engine.order_transactions`
+//! run at once (a slot taken right before the pooled connection): while a
+//! transaction waits for one, its bucket's next orders gather into a bigger batch.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex};
@@ -64,6 +66,11 @@ pub struct BucketShared {
     pub batch_max_size: usize,
     /// Transactions of one bucket running at once.
     pub pipeline: usize,
+    /// Order transactions running at once over all buckets
+    /// (`engine.order_transactions`), taken right before a pooled connection.
+    pub tx_slots: tokio::sync::Semaphore,
+    /// `database.acquire_timeout_ms`: for a slot and a connection together.
+    pub acquire_timeout: std::time::Duration,
     /// What each bucket's last batch suggested of its next (`next_speculation`),
     /// where it is not the default `Fresh`. Kept here, across the actors' lives:
     /// the registry stops a bucket actor whenever its mailbox runs dry, and an
@@ -471,10 +478,23 @@ async fn run_orders(
     runs: &[RunOrder],
 ) -> Result<Done, StoreError> {
     turn.wait_seat().await;
-    let acquire = Instant::now();
-    let mut conn = shared.pool.get().await?;
+    // A slot among `engine.order_transactions`, then a connection, both within
+    // `database.acquire_timeout_ms` like the connection alone: a wait that cannot
+    // end (a split batch's part waiting for a slot held by a later transaction of
+    // its bucket that waits for the part's turn) fails as a transient error and
+    // is retried, as a pool wait is. The semaphore is never closed.
+    let (_slot, mut conn, pool_acquire) = tokio::time::timeout(shared.acquire_timeout, async {
+        let waited = Instant::now();
+        let slot = shared.tx_slots.acquire().await.ok();
+        metrics::histogram!("seckill_order_tx_slot_wait_seconds")
+            .record(waited.elapsed().as_secs_f64());
+        let acquire = Instant::now();
+        let conn = shared.pool.get().await?;
+        Ok((slot, conn, acquire.elapsed()))
+    })
+    .await
+    .unwrap_or(Err(StoreError::PoolTimeout))?;
     turn.seated();
-    let pool_acquire = acquire.elapsed();
     metrics::histogram!("seckill_db_pool_acquire_seconds").record(pool_acquire.as_secs_f64());
     let sku_title = match title {
         Some(title) => title.clone(),

@@ -261,6 +261,31 @@ async fn sixty_four_buckets_sell_exactly_what_each_bucket_holds() {
     finish(env, &db).await;
 }
 
+/// With one order transaction at a time over all buckets (`engine.order_transactions`
+/// = 1) and each bucket still pipelining three, every order settles with the outcome
+/// it would have had anyway: the slot is given back by every transaction, and eight
+/// buckets' chains of turns share it without waiting on each other.
+#[actix_rt::test]
+async fn one_order_transaction_at_a_time_over_many_buckets_settles_every_order() {
+    let env = TestEnv::with(|f| {
+        f.merge(Serialized::default("engine.order_transactions", 1))
+            .merge(Serialized::default("engine.bucket_pipeline", 3))
+    })
+    .await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 7, 1, 400, 8).await;
+    let msgs: Vec<_> = (0..1_200)
+        .map(|user| order(7, 1, user + 1, (user % 8) as i16))
+        .collect();
+
+    run_to_settlement(&env, &db, &msgs).await;
+
+    let r = results(&db).await;
+    assert_eq!(code(&r, "ORDER_CREATED"), 400, "{r:?}");
+    assert_eq!(code(&r, "POSTGRES_SOLD_OUT"), 800, "{r:?}");
+    finish(env, &db).await;
+}
+
 /// Reads every message in the dead-letter queue: (kind header, reason header, body).
 async fn drain_dead_letters(
     env: &TestEnv,
