@@ -85,7 +85,6 @@ impl Engine {
             batch_max_size: settings.engine.batch_max_size as usize,
             pipeline: settings.engine.bucket_pipeline as usize,
             tx_slots: tokio::sync::Semaphore::new(settings.engine.order_transactions as usize),
-            acquire_timeout: settings.database.acquire_timeout(),
             speculation: Default::default(),
         });
         let buckets = Registry::new("bucket", move |key: &BucketKey| {

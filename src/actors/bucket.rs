@@ -69,8 +69,6 @@ pub struct BucketShared {
     /// Order transactions running at once over all buckets
     /// (`engine.order_transactions`), taken right before a pooled connection.
     pub tx_slots: tokio::sync::Semaphore,
-    /// `database.acquire_timeout_ms`: for a slot and a connection together.
-    pub acquire_timeout: std::time::Duration,
     /// What each bucket's last batch suggested of its next (`next_speculation`),
     /// where it is not the default `Fresh`. Kept here, across the actors' lives:
     /// the registry stops a bucket actor whenever its mailbox runs dry, and an
@@ -482,18 +480,11 @@ async fn run_orders(
     // `database.acquire_timeout_ms` like the connection alone: a wait that cannot
     // end (a split batch's part waiting for a slot held by a later transaction of
     // its bucket that waits for the part's turn) fails as a transient error and
-    // is retried, as a pool wait is. The semaphore is never closed.
-    let (_slot, mut conn, pool_acquire) = tokio::time::timeout(shared.acquire_timeout, async {
-        let waited = Instant::now();
-        let slot = shared.tx_slots.acquire().await.ok();
-        metrics::histogram!("seckill_order_tx_slot_wait_seconds")
-            .record(waited.elapsed().as_secs_f64());
-        let acquire = Instant::now();
-        let conn = shared.pool.get().await?;
-        Ok((slot, conn, acquire.elapsed()))
-    })
-    .await
-    .unwrap_or(Err(StoreError::PoolTimeout))?;
+    // is retried, as a pool wait is.
+    let acquire = Instant::now();
+    let (mut conn, slot_wait) = shared.pool.get_gated(&shared.tx_slots).await?;
+    let pool_acquire = acquire.elapsed().saturating_sub(slot_wait);
+    metrics::histogram!("seckill_order_tx_slot_wait_seconds").record(slot_wait.as_secs_f64());
     turn.seated();
     metrics::histogram!("seckill_db_pool_acquire_seconds").record(pool_acquire.as_secs_f64());
     let sku_title = match title {

@@ -72,11 +72,13 @@ pub struct PoolState {
     pub timed_out: u64,
 }
 
-/// A connection from the pool. Dropping it puts the connection back and then lets
-/// the next caller in the queue ask (fields drop in this order).
+/// A connection from the pool. Dropping it puts the connection back, then lets the
+/// next caller in the queue ask, then gives back the gate's place it was taken
+/// behind, if any (fields drop in this order).
 pub struct PooledConn<'a> {
     conn: bb8::PooledConnection<'a, PgManager>,
     _place: SemaphorePermit<'a>,
+    _gate: Option<SemaphorePermit<'a>>,
 }
 
 impl std::ops::Deref for PooledConn<'_> {
@@ -95,18 +97,43 @@ impl std::ops::DerefMut for PooledConn<'_> {
 impl Pool {
     /// A connection, in the order asked; `PoolTimeout` after `acquire_timeout`.
     pub async fn get(&self) -> Result<PooledConn<'_>, StoreError> {
+        self.get_behind(None).await.map(|(conn, _)| conn)
+    }
+
+    /// A place in `gate` first (held until the connection is dropped), then a
+    /// connection, both within `acquire_timeout`; returns how long the gate took too.
+    /// The order transactions' slots (`engine.order_transactions`) are such a gate.
+    pub async fn get_gated<'a>(
+        &'a self,
+        gate: &'a Semaphore,
+    ) -> Result<(PooledConn<'a>, Duration), StoreError> {
+        self.get_behind(Some(gate)).await
+    }
+
+    async fn get_behind<'a>(
+        &'a self,
+        gate: Option<&'a Semaphore>,
+    ) -> Result<(PooledConn<'a>, Duration), StoreError> {
         let _waiting = Waiting::new(&self.counts.waiting);
         let queued = async {
-            // The queue is never closed.
+            let started = Instant::now();
+            // Neither semaphore is ever closed.
+            let gate = match gate {
+                Some(gate) => Some(gate.acquire().await.map_err(|_| StoreError::PoolTimeout)?),
+                None => None,
+            };
+            let gated = started.elapsed();
             let place = self
                 .queue
                 .acquire()
                 .await
                 .map_err(|_| StoreError::PoolTimeout)?;
-            Ok(PooledConn {
+            let conn = PooledConn {
                 conn: self.inner.get().await?,
                 _place: place,
-            })
+                _gate: gate,
+            };
+            Ok((conn, gated))
         };
         let got = tokio::time::timeout(self.acquire_timeout, queued)
             .await
