@@ -555,16 +555,26 @@ async fn send_whole<'c>(
     committed.map_err(commit_failed)
 }
 
-/// Polls a request once; `Err` with its answer if that finished it. tokio-postgres
-/// encodes a request and queues it on the connection in its first poll, and
-/// whatever fails before that is returned from that poll. So `Ok` means it is
-/// queued, and a COMMIT queued after it cannot overtake it: without that check, a
-/// request that failed to encode would leave a COMMIT behind it to keep the rest
-/// of the transaction without it.
-async fn sent<T>(request: &mut LocalBoxFuture<'_, T>) -> Result<(), T> {
+/// Polls a request once; `Err` if it was not sent. tokio-postgres encodes a
+/// request and queues it on the connection in its first poll, and whatever fails
+/// before that is returned from that poll, without a code from the server. So `Ok`
+/// means it is queued, and a COMMIT queued after it cannot overtake it: without
+/// that check, a request that failed to encode would leave a COMMIT behind it to
+/// keep the rest of the transaction without it.
+///
+/// That first poll may also bring the server's answer: the connection's task runs
+/// on the thread whose runtime opened it (an HTTP worker's, when a front-stage
+/// request made the pool grow), and finishes the round trip while this thread is
+/// preempted between queuing and polling. Such a request was sent; its answer is
+/// kept in its place, for the caller to read with the others.
+async fn sent(request: &mut Request<'_>) -> Result<(), tokio_postgres::Error> {
     match futures_util::poll!(request.as_mut()) {
-        Poll::Ready(answer) => Err(answer),
         Poll::Pending => Ok(()),
+        Poll::Ready(Err(e)) if e.code().is_none() => Err(e),
+        Poll::Ready(answer) => {
+            *request = Box::pin(std::future::ready(answer));
+            Ok(())
+        }
     }
 }
 
@@ -575,15 +585,12 @@ async fn abandon(
     client: &Client,
     in_transaction: &mut bool,
     queued: usize,
-    unsent: Result<u64, tokio_postgres::Error>,
+    unsent: tokio_postgres::Error,
 ) -> StoreError {
     if queued == 0 || client.batch_execute("ROLLBACK").await.is_ok() {
         *in_transaction = false;
     }
-    match unsent {
-        Err(e) => StoreError::Db(e),
-        Ok(_) => StoreError::Anomaly("a request was answered before it was sent".into()),
-    }
+    StoreError::Db(unsent)
 }
 
 /// The cause of a failed fresh transaction: its first failed statement in the order
@@ -1129,3 +1136,37 @@ SET status = $1,
 FROM unnest($4::uuid[]) AS m(reservation_id)
 WHERE r.reservation_id = m.reservation_id
   AND r.status = $2";
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_request_answered_in_its_first_poll_was_sent_and_keeps_its_answer() {
+        let mut request: Request<'_> = Box::pin(async { Ok(3) });
+        assert!(sent(&mut request).await.is_ok());
+        assert_eq!(request.await.ok(), Some(3));
+    }
+
+    #[tokio::test]
+    async fn a_request_still_waiting_for_its_answer_was_sent() {
+        let (answer, answered) = tokio::sync::oneshot::channel::<u64>();
+        let mut request: Request<'_> = Box::pin(async { Ok(answered.await.unwrap_or_default()) });
+        assert!(sent(&mut request).await.is_ok());
+        let _ = answer.send(5);
+        assert_eq!(request.await.ok(), Some(5));
+    }
+
+    #[tokio::test]
+    async fn a_request_that_failed_without_the_servers_answer_was_not_sent() {
+        // What tokio-postgres returns from a first poll that could not queue the
+        // request: an error without an SQLSTATE (here one from parsing a config).
+        let mut request: Request<'_> = Box::pin(async {
+            "port=not-a-number"
+                .parse::<tokio_postgres::Config>()
+                .map(|_| 0)
+        });
+        let unsent = sent(&mut request).await.err();
+        assert!(unsent.is_some_and(|e| e.code().is_none()));
+    }
+}
