@@ -1,7 +1,8 @@
-# Sourced by the bench scripts (bench-matrix, bench-p99): the engine's database freshly
-# migrated, and release engines started on it, each waited for until its /readyz
-# answers and stopped again with SIGINT (the engine's graceful drain). The caller sets
-# E to the engine binary and stops what it started with stop_engines (also on EXIT).
+# Sourced by the bench scripts (bench-matrix, bench-p99) and scripts/demo: the
+# engine's database freshly migrated, and release engines started on it, each waited
+# for until its /readyz answers and stopped again with SIGINT (the engine's graceful
+# drain). The caller sets E to the engine binary and stops what it started with
+# stop_engines (also on EXIT).
 
 engine_pids=()
 
@@ -18,12 +19,28 @@ fresh_database() {
   out=$("$E" migrate 2>&1) || { printf '%s\n' "$out" >&2; return 1; }
 }
 
+# refuse_running_engine ADMIN...: fails, saying so, while anything answers on one of
+# these admin addresses: an engine not started here would have its database dropped
+# under it, and its /readyz taken for a new engine's. The scripts call it before they
+# touch the database.
+refuse_running_engine() {
+  local admin
+  for admin; do
+    if curl -s -o /dev/null --max-time 1 "http://$admin/livez" 2>/dev/null; then
+      echo "something already answers on $admin; stop that engine first" >&2
+      return 1
+    fi
+  done
+}
+
 # start_engine LOG ADMIN [NAME=VALUE...]: `serve` with those environment variables
 # added, its output in LOG; returns once http://ADMIN/readyz answers 200 (60 s at
-# most, or as soon as the engine exits).
+# most, or as soon as the engine exits). Refuses while something else answers on
+# ADMIN: that engine's /readyz would be taken for this one's.
 start_engine() {
   local log=$1 admin=$2
   shift 2
+  refuse_running_engine "$admin" || return 1
   env "$@" RUST_LOG=warn "$E" serve >"$log" 2>&1 &
   local pid=$!
   engine_pids+=("$pid")
