@@ -186,6 +186,10 @@ pub enum StoreError {
     Anomaly(String),
     #[error("invalid database URL: {0}")]
     Url(String),
+    /// The engine's runtime, which opens and drives every pooled connection, did not
+    /// finish opening one (it is shutting down).
+    #[error("no connection opened: {0}")]
+    NotOpened(String),
     /// A batch sent whole on the assumption that its messages are new
     /// and its bucket holds their units was not so; the transaction is redone the
     /// careful way (`orders::create_orders`).
@@ -217,6 +221,7 @@ impl StoreError {
             StoreError::CommitOutcomeUnknown(_) => ErrorClass::CommitOutcomeUnknown,
             StoreError::Anomaly(reason) => ErrorClass::Fatal(reason.clone()),
             StoreError::Url(reason) => ErrorClass::Fatal(reason.clone()),
+            StoreError::NotOpened(_) => ErrorClass::Transient("connection"),
             // Nothing committed; never leaves `create_orders`.
             StoreError::Speculation => ErrorClass::Transient("speculation"),
         }
@@ -231,10 +236,10 @@ impl StoreError {
     }
 }
 
-impl From<bb8::RunError<tokio_postgres::Error>> for StoreError {
-    fn from(e: bb8::RunError<tokio_postgres::Error>) -> Self {
+impl From<bb8::RunError<StoreError>> for StoreError {
+    fn from(e: bb8::RunError<StoreError>) -> Self {
         match e {
-            bb8::RunError::User(e) => StoreError::Db(e),
+            bb8::RunError::User(e) => e,
             bb8::RunError::TimedOut => StoreError::PoolTimeout,
         }
     }
@@ -312,15 +317,29 @@ impl StatementCache {
 /// bb8 manager that wraps bb8-postgres and adds the statement cache.
 pub struct PgManager {
     inner: PostgresConnectionManager<NoTls>,
+    /// Where connections are opened and their tasks run, whoever asks for one.
+    /// bb8 opens a connection in the task that finds the pool short, and
+    /// bb8-postgres spawns its task on that task's runtime: an HTTP worker's, when
+    /// a front-stage request made the pool grow. The order transactions that reuse
+    /// such a connection would hop threads on every round trip, and it would close
+    /// when the front stage stops, ahead of the engine's drain.
+    runtime: tokio::runtime::Handle,
 }
 
 impl bb8::ManageConnection for PgManager {
     type Connection = PgConn;
-    type Error = tokio_postgres::Error;
+    type Error = StoreError;
 
-    async fn connect(&self) -> Result<PgConn, tokio_postgres::Error> {
-        let client = self.inner.connect().await?;
-        Ok(PgConn::new(client))
+    async fn connect(&self) -> Result<PgConn, StoreError> {
+        let inner = self.inner.clone();
+        match self
+            .runtime
+            .spawn(async move { inner.connect().await })
+            .await
+        {
+            Ok(client) => Ok(PgConn::new(client?)),
+            Err(e) => Err(StoreError::NotOpened(e.to_string())),
+        }
     }
 
     /// The check is a round trip, and a checkout happens for every order transaction.
@@ -330,7 +349,7 @@ impl bb8::ManageConnection for PgManager {
     /// unless its connection task has already seen the server go (a terminated
     /// backend sends FATAL and closes): then the check fails at once and the pool
     /// opens another connection instead of handing out one that cannot work.
-    async fn is_valid(&self, conn: &mut PgConn) -> Result<(), tokio_postgres::Error> {
+    async fn is_valid(&self, conn: &mut PgConn) -> Result<(), StoreError> {
         if !conn.client.is_closed() && conn.checked_at.elapsed() < RECHECK_AFTER {
             return Ok(());
         }
@@ -348,11 +367,15 @@ impl bb8::ManageConnection for PgManager {
 /// another one.
 const RECHECK_AFTER: Duration = Duration::from_secs(1);
 
-/// Builds the pool without connecting; the first `get` opens connections. Create it on
-/// a runtime that lives as long as the engine: connection tasks are spawned there.
+/// Builds the pool without connecting; the first `get` opens connections. Call it on
+/// a runtime that lives as long as the engine: connections are opened and driven
+/// there, whichever runtime asks for one.
 pub fn build_pool(settings: &DatabaseSettings) -> Result<Pool, StoreError> {
+    let runtime = tokio::runtime::Handle::try_current()
+        .map_err(|e| StoreError::NotOpened(format!("building the pool: {e}")))?;
     let manager = PgManager {
         inner: PostgresConnectionManager::new(pg_config(settings)?, NoTls),
+        runtime,
     };
     let inner = bb8::Pool::builder()
         .max_size(settings.pool_size)

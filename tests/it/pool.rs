@@ -38,3 +38,47 @@ async fn the_pool_serves_callers_in_the_order_they_ask() {
     assert_eq!(pool.state().timed_out, 0);
     env.cleanup().await;
 }
+
+/// bb8 opens a connection in the task that finds the pool short: an HTTP worker's,
+/// whose runtime ends when the front stage stops, before the engine drains. The
+/// pool opens it on the engine's runtime instead, so it outlives that worker.
+#[tokio::test(flavor = "current_thread")]
+async fn a_connection_opened_for_another_runtime_outlives_it() {
+    let env = TestEnv::new().await;
+    let pool = env.one_connection_pool();
+    let worker_pool = pool.clone();
+    // The worker: a thread with a runtime of its own, gone when the thread ends. It
+    // is joined from the blocking pool, so that this runtime stays free to open the
+    // connection it asks for.
+    let worker = std::thread::spawn(move || {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .expect("the worker's runtime");
+        runtime.block_on(async {
+            let conn = worker_pool
+                .get()
+                .await
+                .expect("a connection for the worker");
+            backend_pid(&conn.client).await
+        })
+    });
+    let worker_pid = tokio::task::spawn_blocking(move || worker.join())
+        .await
+        .unwrap()
+        .expect("the worker thread");
+
+    let conn = pool.get().await.expect("the connection back in the pool");
+    assert_eq!(backend_pid(&conn.client).await, worker_pid);
+    drop(conn);
+    assert_eq!(pool.state().connections, 1);
+    env.cleanup().await;
+}
+
+async fn backend_pid(client: &tokio_postgres::Client) -> i32 {
+    client
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .expect("the backend's pid")
+        .get(0)
+}
