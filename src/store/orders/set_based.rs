@@ -562,11 +562,12 @@ async fn send_whole<'c>(
 /// that check, a request that failed to encode would leave a COMMIT behind it to
 /// keep the rest of the transaction without it.
 ///
-/// That first poll may also bring the server's answer: the connection's task runs
-/// on the thread whose runtime opened it (an HTTP worker's, when a front-stage
-/// request made the pool grow), and finishes the round trip while this thread is
-/// preempted between queuing and polling. Such a request was sent; its answer is
-/// kept in its place, for the caller to read with the others.
+/// That first poll may also bring the server's answer, when the connection's task
+/// runs on another thread (a multi-threaded runtime, or a connection opened on
+/// another runtime) and finishes the round trip while this thread is preempted
+/// between queuing and polling. Such a request was sent; its answer is kept in its
+/// place, for the caller to read with the others. The engine's pool opens its
+/// connections on the engine's own runtime, but `send_whole` does not rely on it.
 async fn sent(request: &mut Request<'_>) -> Result<(), tokio_postgres::Error> {
     match futures_util::poll!(request.as_mut()) {
         Poll::Pending => Ok(()),
