@@ -19,6 +19,17 @@ fresh_database() {
   out=$("$E" migrate 2>&1) || { printf '%s\n' "$out" >&2; return 1; }
 }
 
+# answers ADMIN PATH [STATUS]: GET http://ADMIN/PATH within a second; succeeds when
+# anything answers (with STATUS: only that status). Bash's /dev/tcp, not curl, so
+# that scripts/demo needs nothing the services script does not install.
+answers() {
+  local line
+  line=$(timeout 1 bash -c 'exec 3<>"/dev/tcp/${1%:*}/${1##*:}" &&
+    printf "GET /%s HTTP/1.0\r\nHost: %s\r\n\r\n" "$2" "$1" >&3 && head -n 1 <&3' \
+    _ "$1" "$2" 2>/dev/null) || return 1
+  [[ $line =~ ^HTTP/[0-9.]+\ ([0-9]+) ]] && [[ -z ${3:-} || ${BASH_REMATCH[1]} == "$3" ]]
+}
+
 # refuse_running_engine ADMIN...: fails, saying so, while anything answers on one of
 # these admin addresses: an engine not started here would have its database dropped
 # under it, and its /readyz taken for a new engine's. The scripts call it before they
@@ -26,7 +37,7 @@ fresh_database() {
 refuse_running_engine() {
   local admin
   for admin; do
-    if curl -s -o /dev/null --max-time 1 "http://$admin/livez" 2>/dev/null; then
+    if answers "$admin" livez; then
       echo "something already answers on $admin; stop that engine first" >&2
       return 1
     fi
@@ -45,7 +56,7 @@ start_engine() {
   local pid=$!
   engine_pids+=("$pid")
   for _ in $(seq 1 240); do
-    curl -fs -o /dev/null --max-time 1 "http://$admin/readyz" 2>/dev/null && return 0
+    answers "$admin" readyz 200 && return 0
     kill -0 "$pid" 2>/dev/null || break
     sleep 0.25
   done
