@@ -20,13 +20,15 @@ fresh_database() {
 }
 
 # answers ADMIN PATH [STATUS]: GET http://ADMIN/PATH within a second; succeeds when
-# anything answers (with STATUS: only that status). Bash's /dev/tcp, not curl, so
-# that scripts/demo needs nothing the services script does not install.
+# anything answers (with STATUS: only that status). ADMIN is HOST:PORT, an IPv6 host
+# in brackets ([::1]:9090). Bash's /dev/tcp, not curl, so that scripts/demo needs
+# nothing the services script does not install.
 answers() {
-  local line
-  line=$(timeout 1 bash -c 'exec 3<>"/dev/tcp/${1%:*}/${1##*:}" &&
-    printf "GET /%s HTTP/1.0\r\nHost: %s\r\n\r\n" "$2" "$1" >&3 && head -n 1 <&3' \
-    _ "$1" "$2" 2>/dev/null) || return 1
+  local line host=${1%:*}
+  host=${host#\[} host=${host%\]}
+  line=$(timeout 1 bash -c 'exec 3<>"/dev/tcp/$1/$2" &&
+    printf "GET /%s HTTP/1.0\r\nHost: %s\r\n\r\n" "$3" "$4" >&3 && head -n 1 <&3' \
+    _ "$host" "${1##*:}" "$2" "$1" 2>/dev/null) || return 1
   [[ $line =~ ^HTTP/[0-9.]+\ ([0-9]+) ]] && [[ -z ${3:-} || ${BASH_REMATCH[1]} == "$3" ]]
 }
 
