@@ -200,6 +200,9 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
         .await
         .context("connecting to PostgreSQL")?;
     migrate::verify(&mut db).await?;
+    if args.mode == Mode::Amqp {
+        check_order_queues(settings, args.settle_timeout).await?;
+    }
     let clients = args.pgbench_clients.unwrap_or(settings.database.pool_size);
     let baselines = match args.pgbench_seconds {
         Some(seconds) => {
@@ -594,6 +597,47 @@ async fn drive_http(
     }
     let queued = counts.get("202 QUEUED").copied().unwrap_or(0);
     Ok((counts, queued))
+}
+
+/// Before anything is created or published: every order queue must exist, or the
+/// broker would drop (or refuse) what is routed to it. A missing queue means that no
+/// engine with this configuration has declared the topology: none started yet, or
+/// one with another `amqp.namespace`. A queue that nobody consumes is fine, since a
+/// backlog run starts its engine after publishing, but worth a word: without an
+/// engine the run only ends at the settle timeout.
+async fn check_order_queues(settings: &Settings, settle_timeout: u64) -> anyhow::Result<()> {
+    let conn = crate::mq::connect(&settings.amqp, "seckill-bench-check")
+        .await
+        .context("connecting to RabbitMQ")?;
+    let channel = conn.create_channel().await?;
+    let names = Names::new(&settings.amqp.namespace);
+    let mut unconsumed = Vec::new();
+    let mut missing = None;
+    for shard in 0..settings.amqp.shards {
+        let queue = names.order_queue(shard);
+        match crate::mq::queue_counts(&channel, &queue).await {
+            Ok(counts) if counts.consumers == 0 => unconsumed.push(queue),
+            Ok(_) => {}
+            Err(e) => {
+                missing = Some((queue, e));
+                break;
+            }
+        }
+    }
+    crate::mq::close(&conn, &[&channel]).await;
+    if let Some((queue, e)) = missing {
+        bail!(
+            "the order queue {queue} cannot be used ({e}); start `seckill-engine serve` \
+             with this configuration first: it declares the queues"
+        );
+    }
+    if !unconsumed.is_empty() {
+        eprintln!(
+            "bench: nothing consumes {} yet; the run waits up to {settle_timeout} s (--settle-timeout) for an engine to settle its messages",
+            unconsumed.join(", ")
+        );
+    }
+    Ok(())
 }
 
 async fn drive_amqp(

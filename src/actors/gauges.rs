@@ -82,10 +82,10 @@ impl Inner {
         };
         let _keep_alive = connection;
         for queue in &self.dead_queues {
-            let declared = crate::mq::queue_depth(&channel, queue).await;
+            let declared = crate::mq::queue_counts(&channel, queue).await;
             match declared {
-                Ok(depth) => metrics::gauge!("seckill_dlq_messages", "queue" => queue.clone())
-                    .set(f64::from(depth)),
+                Ok(counts) => metrics::gauge!("seckill_dlq_messages", "queue" => queue.clone())
+                    .set(f64::from(counts.messages)),
                 Err(e) => {
                     // A failed passive declare closes the channel; open a new one next run.
                     *self.channel.borrow_mut() = None;

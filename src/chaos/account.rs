@@ -316,7 +316,7 @@ pub async fn account(i: Inputs<'_>) -> anyhow::Result<Account> {
     }
     let mut left_in_queues = 0;
     for queue in names.order_queues(i.settings.amqp.shards) {
-        left_in_queues += crate::mq::queue_depth(&channel, &queue).await?;
+        left_in_queues += crate::mq::queue_counts(&channel, &queue).await?.messages;
     }
     crate::mq::close(&amqp, &[&channel]).await;
 

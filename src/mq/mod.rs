@@ -44,9 +44,18 @@ pub async fn close(connection: &Connection, channels: &[&lapin::Channel]) {
     }
 }
 
-/// Messages ready in a queue (a passive declare: an absent queue is an error, and
-/// closes the channel).
-pub async fn queue_depth(channel: &lapin::Channel, queue: &str) -> Result<u32, MqError> {
+/// What the broker counts in a queue right now.
+#[derive(Debug, Clone, Copy)]
+pub struct QueueCounts {
+    /// Messages ready for delivery.
+    pub messages: u32,
+    /// Consumers subscribed, standby ones of a single-active-consumer queue included.
+    pub consumers: u32,
+}
+
+/// Asks the broker what `queue` holds (a passive declare: an absent queue is an
+/// error, and closes the channel).
+pub async fn queue_counts(channel: &lapin::Channel, queue: &str) -> Result<QueueCounts, MqError> {
     use lapin::options::QueueDeclareOptions;
     let declared = channel
         .queue_declare(
@@ -58,7 +67,10 @@ pub async fn queue_depth(channel: &lapin::Channel, queue: &str) -> Result<u32, M
             lapin::types::FieldTable::default(),
         )
         .await?;
-    Ok(declared.message_count())
+    Ok(QueueCounts {
+        messages: declared.message_count(),
+        consumers: declared.consumer_count(),
+    })
 }
 
 /// An integer header, whatever integer width the publisher chose.

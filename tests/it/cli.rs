@@ -464,6 +464,100 @@ async fn bench_sells_out_through_both_paths_with_clean_invariants() {
 }
 
 #[tokio::test]
+async fn bench_amqp_refuses_a_missing_order_queue_and_names_an_unconsumed_one() {
+    let env = crate::common::TestEnv::new().await;
+    let bench = |activity: &str| {
+        let mut cmd = engine();
+        env_of(&mut cmd, &env).args([
+            "bench",
+            "--mode",
+            "amqp",
+            "--activity",
+            activity,
+            "--stock",
+            "5",
+            "--buckets",
+            "1",
+            "--buyers",
+            "5",
+            "--duplicate-ratio",
+            "0",
+            "--settle-timeout",
+            "1",
+        ]);
+        cmd
+    };
+    let queue = env.names.order_queue(0);
+    let activity_exists = |activity: i64| {
+        let env = &env;
+        async move {
+            env.db()
+                .await
+                .query_one(
+                    "SELECT count(*) FROM seckill_activity WHERE activity_id = $1",
+                    &[&activity],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                == 1
+        }
+    };
+
+    // No engine has declared this namespace's queues: refused before anything is
+    // created or published.
+    let mut cmd = bench("71");
+    let out = tokio::task::spawn_blocking(move || run(&mut cmd))
+        .await
+        .unwrap();
+    assert!(!out.ok, "{}", out.text);
+    assert!(
+        out.text
+            .contains(&format!("the order queue {queue} cannot be used")),
+        "{}",
+        out.text
+    );
+    assert!(out.text.contains("seckill-engine serve"), "{}", out.text);
+    assert!(!activity_exists(71).await);
+
+    // Declared but consumed by nothing: the run goes ahead and says what it waits for.
+    let amqp = env.amqp().await;
+    let channel = amqp.create_channel().await.unwrap();
+    seckill_engine::mq::topology::declare_topology(&channel, &env.settings.amqp)
+        .await
+        .unwrap();
+    let mut cmd = bench("72");
+    let out = tokio::task::spawn_blocking(move || run(&mut cmd))
+        .await
+        .unwrap();
+    assert!(
+        out.text.contains(&format!("nothing consumes {queue} yet")),
+        "{}",
+        out.text
+    );
+    assert!(
+        out.text.contains("only 0 of 5 reservations settled"),
+        "{}",
+        out.text
+    );
+    assert!(activity_exists(72).await);
+    // The messages wait for an engine. Polled: the broker may count them a moment late.
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    loop {
+        let held = seckill_engine::mq::queue_counts(&channel, &queue)
+            .await
+            .unwrap();
+        if held.messages == 5 || std::time::Instant::now() > deadline {
+            assert_eq!(held.messages, 5);
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    seckill_engine::mq::close(&amqp, &[&channel]).await;
+    env.cleanup().await;
+}
+
+#[tokio::test]
 async fn check_redis_reports_drift_between_redis_and_postgres() {
     use seckill_engine::redis::keys::SkuKeys;
     use seckill_engine::redis::scripts;
