@@ -464,9 +464,9 @@ async fn bench_sells_out_through_both_paths_with_clean_invariants() {
 }
 
 #[tokio::test]
-async fn bench_amqp_refuses_a_missing_order_queue_and_names_an_unconsumed_one() {
+async fn bench_amqp_checks_its_queues_and_waits_only_for_what_the_broker_took() {
     let env = crate::common::TestEnv::new().await;
-    let bench = |activity: &str| {
+    let bench = |activity: &str, settle_timeout: &str| {
         let mut cmd = engine();
         env_of(&mut cmd, &env).args([
             "bench",
@@ -483,7 +483,7 @@ async fn bench_amqp_refuses_a_missing_order_queue_and_names_an_unconsumed_one() 
             "--duplicate-ratio",
             "0",
             "--settle-timeout",
-            "1",
+            settle_timeout,
         ]);
         cmd
     };
@@ -506,7 +506,7 @@ async fn bench_amqp_refuses_a_missing_order_queue_and_names_an_unconsumed_one() 
 
     // No engine has declared this namespace's queues: refused before anything is
     // created or published.
-    let mut cmd = bench("71");
+    let mut cmd = bench("71", "1");
     let out = tokio::task::spawn_blocking(move || run(&mut cmd))
         .await
         .unwrap();
@@ -526,7 +526,7 @@ async fn bench_amqp_refuses_a_missing_order_queue_and_names_an_unconsumed_one() 
     seckill_engine::mq::topology::declare_topology(&channel, &env.settings.amqp)
         .await
         .unwrap();
-    let mut cmd = bench("72");
+    let mut cmd = bench("72", "1");
     let out = tokio::task::spawn_blocking(move || run(&mut cmd))
         .await
         .unwrap();
@@ -553,6 +553,34 @@ async fn bench_amqp_refuses_a_missing_order_queue_and_names_an_unconsumed_one() 
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;
     }
+
+    // A queue nothing is routed to: the broker returns every message, the run waits
+    // for none of them and fails. (Without counting them out, it waited its whole
+    // settle timeout.)
+    channel
+        .queue_unbind(
+            queue.as_str().into(),
+            env.names.orders_exchange().as_str().into(),
+            seckill_engine::mq::topology::Names::order_routing_key(0)
+                .as_str()
+                .into(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let mut cmd = bench("73", "60");
+    let started = std::time::Instant::now();
+    let out = tokio::task::spawn_blocking(move || run(&mut cmd))
+        .await
+        .unwrap();
+    assert!(!out.ok, "{}", out.text);
+    assert!(out.text.contains("publish_failed"), "{}", out.text);
+    assert!(out.text.contains("result: FAIL"), "{}", out.text);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "{}",
+        out.text
+    );
     seckill_engine::mq::close(&amqp, &[&channel]).await;
     env.cleanup().await;
 }
