@@ -49,7 +49,7 @@ pub async fn close(connection: &Connection, channels: &[&lapin::Channel]) {
 pub struct QueueCounts {
     /// Messages ready for delivery.
     pub messages: u32,
-    /// Consumers subscribed, standby ones of a single-active-consumer queue included.
+    /// Consumers subscribed, as the broker counts them.
     pub consumers: u32,
 }
 
