@@ -19,8 +19,8 @@
 BEGIN;
 
 -- [1] SET_TIMEOUTS (no lock timeout, as in order_tx.sql) + the :batch messages, as
---     parallel arrays (one element per order;
---     order_ids from the global sequence, so they are unique whatever else runs).
+--     parallel arrays (one element per order; order_ids from the global sequence,
+--     so they are unique whatever else runs).
 SELECT set_config('lock_timeout', '0', true) AS lock_timeout,
        set_config('statement_timeout', '1200ms', true) AS statement_timeout,
        'order-create-consumer' AS consumer_group,

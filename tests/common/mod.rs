@@ -216,18 +216,10 @@ impl TestEnv {
 
     /// Ready messages in a queue (unacked ones are not counted by the broker here).
     pub async fn ready_count(&self, channel: &lapin::Channel, queue: &str) -> u32 {
-        channel
-            .queue_declare(
-                queue.into(),
-                QueueDeclareOptions {
-                    passive: true,
-                    ..Default::default()
-                },
-                FieldTable::default(),
-            )
+        seckill_engine::mq::queue_counts(channel, queue)
             .await
             .expect("passive declare")
-            .message_count()
+            .messages
     }
 
     /// Waits (up to `settle()`) until `queue` holds exactly `n` ready messages.

@@ -541,18 +541,8 @@ async fn bench_amqp_checks_its_queues_and_waits_only_for_what_the_broker_took() 
         out.text
     );
     assert!(activity_exists(72).await);
-    // The messages wait for an engine. Polled: the broker may count them a moment late.
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
-    loop {
-        let held = seckill_engine::mq::queue_counts(&channel, &queue)
-            .await
-            .unwrap();
-        if held.messages == 5 || std::time::Instant::now() > deadline {
-            assert_eq!(held.messages, 5);
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
-    }
+    // The messages wait for an engine.
+    assert!(env.wait_ready_count(&channel, &queue, 5).await);
 
     // A queue nothing is routed to: the broker returns every message, the run waits
     // for none of them and fails. (Without counting them out, it waited its whole
