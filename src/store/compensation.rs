@@ -119,7 +119,7 @@ pub async fn claim(
     limit: i64,
 ) -> Result<Vec<ClaimedTask>, StoreError> {
     let tx = client.transaction().await?;
-    tx.batch_execute(super::CLAIM_PLAN).await?;
+    tx.batch_execute(super::INDEX_WALK).await?;
     let rows = tx.query(CLAIM, &[&limit, &owner]).await?;
     tx.commit().await?;
     Ok(rows

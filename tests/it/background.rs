@@ -948,6 +948,94 @@ async fn draining_a_backlog_does_not_read_every_event_sent_before_on_each_run() 
     env.cleanup().await;
 }
 
+/// During a sale the outbox yields to the orders and every order adds a waiting
+/// event, so the gauges meet a backlog of tens of thousands every few seconds while
+/// the cores are busiest: they must read a bounded share of it (counting 80,000 in
+/// full took a core for 50–250 ms). Twice the cap of PENDING events and tasks, with
+/// an older RETRY row waiting behind its backoff, then an older SENDING row, then an
+/// older PENDING one: the counts stop at the cap, the oldest age is always the
+/// oldest row's, and the ready indexes give up little more than the cap's entries.
+#[actix_rt::test]
+async fn the_backlog_gauges_read_a_bounded_share_of_a_sale_s_backlog() {
+    use seckill_engine::store::ops::{backlog, BACKLOG_COUNT_CAP as CAP};
+    let env = TestEnv::new().await;
+    let db = env.db().await;
+    let mut statuses = vec![0i16; 2 * CAP as usize];
+    statuses.extend([30, 10]);
+    builders::outbox_events(&db, &statuses).await;
+    builders::compensation_tasks(&db, &statuses).await;
+    db.batch_execute(
+        "UPDATE event_outbox SET created_at = now() - interval '2 hours',
+                                 available_at = now() + interval '1 hour'
+         WHERE status = 30;
+         UPDATE compensation_task SET created_at = now() - interval '2 hours',
+                                      next_run_at = now() + interval '1 hour'
+         WHERE status = 30;",
+    )
+    .await
+    .unwrap();
+    let pool = env.one_connection_pool();
+    let indexes = ["idx_compensation_ready", "idx_outbox_ready"];
+    let read = |before: Vec<(String, i64)>| {
+        let (pool, db) = (pool.clone(), &db);
+        async move {
+            let backend = pool.get().await.unwrap();
+            let after = index_entries_read(&backend.client, db, &indexes).await;
+            after
+                .iter()
+                .zip(&before)
+                .map(|(a, b)| a.1 - b.1)
+                .sum::<i64>()
+        }
+    };
+    let before = {
+        let backend = pool.get().await.unwrap();
+        index_entries_read(&backend.client, &db, &indexes).await
+    };
+    let b = backlog(&pool).await.unwrap();
+    assert_eq!((b.outbox_pending, b.compensation_pending), (CAP, CAP));
+    let hours = |age: f64| (age / 3600.0 * 100.0).round() / 100.0;
+    assert_eq!(
+        (
+            hours(b.outbox_oldest_pending_age_seconds),
+            hours(b.compensation_oldest_pending_age_seconds)
+        ),
+        (2.0, 2.0),
+        "the RETRY rows are the oldest"
+    );
+    let entries = read(before).await;
+    assert!(
+        entries < 2 * CAP + 1_000,
+        "{entries} entries of the ready indexes read for counts capped at {CAP}"
+    );
+
+    db.batch_execute(
+        "UPDATE event_outbox SET created_at = now() - interval '3 hours' WHERE status = 10",
+    )
+    .await
+    .unwrap();
+    let b = backlog(&pool).await.unwrap();
+    assert_eq!(
+        hours(b.outbox_oldest_pending_age_seconds),
+        3.0,
+        "a SENDING row is the oldest"
+    );
+    db.batch_execute(
+        "UPDATE event_outbox SET created_at = now() - interval '4 hours',
+                                 available_at = now() - interval '4 hours'
+         WHERE event_id = (SELECT event_id FROM event_outbox WHERE status = 0 LIMIT 1)",
+    )
+    .await
+    .unwrap();
+    let b = backlog(&pool).await.unwrap();
+    assert_eq!(
+        hours(b.outbox_oldest_pending_age_seconds),
+        4.0,
+        "a PENDING row is the oldest"
+    );
+    env.cleanup().await;
+}
+
 /// The backlog gauges run every few seconds over tables that keep a day of finished
 /// rows (SENT events, DONE tasks): every count must come from a partial index, never
 /// from reading the whole table. A few rows in each counted state, among many
