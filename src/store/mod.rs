@@ -28,13 +28,13 @@ use crate::domain::outcome::{classify_sqlstate, ErrorClass};
 /// Set in the transaction of a batch claim (`outbox::claim`, `compensation::claim`:
 /// `ORDER BY` the ready index `FOR UPDATE SKIP LOCKED LIMIT n`) and of the backlog
 /// gauges (`ops::backlog`), so that each walks its index in order and stops after n
-/// rows. On a table never analyzed (a sale's fresh
-/// tables; autovacuum lags or is off) the planner guessed about 150 ready rows and
-/// chose a bitmap scan of every ready row and a sort: during a sale, when nearly
-/// every event waits, each outbox claim read and sorted all of them (62 ms and a
-/// 3.8 MB temporary file at 80,000 events; it runs every second while orders flow).
-/// Without bitmap scans, sorts and sequential scans the index is the way left, at any
-/// size and with any statistics (docs/BENCHMARKS.md, session 8).
+/// rows. On a table never analyzed (a sale's fresh tables; autovacuum lags or is
+/// off) the planner guessed about 150 ready rows and chose a bitmap scan of every
+/// ready row and a sort: during a sale, when nearly every event waits, each outbox
+/// claim read and sorted all of them (62 ms and a 3.8 MB temporary file at 80,000
+/// events; it runs every second while orders flow). Without bitmap scans, sorts and
+/// sequential scans the index is the way left, at any size and with any statistics
+/// (docs/BENCHMARKS.md, session 8).
 const INDEX_WALK: &str = "
 SET LOCAL enable_bitmapscan = off;
 SET LOCAL enable_sort = off;
