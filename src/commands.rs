@@ -10,9 +10,11 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::config::{self, Settings};
 use crate::engine::Engine;
+use crate::redis::commands as redis_commands;
 use crate::redis::keys::SkuKeys;
 use crate::store::activity::{create_activity, ActivitySpec};
 use crate::store::invariants::run_checks;
+use crate::store::reconcile;
 use crate::store::{self, migrate};
 
 #[derive(Debug, Parser)]
@@ -37,13 +39,6 @@ pub enum Command {
     /// Manage flash-sale activities.
     #[command(subcommand)]
     Activity(ActivityCommand),
-    /// Run a flash sale against the running engine and report; non-zero exit if any
-    /// invariant is violated.
-    Bench(crate::bench::BenchArgs),
-    /// Fault-injection suite: private services, engines as processes, faults, and an
-    /// account of every message; non-zero exit if any promise was broken.
-    #[cfg(feature = "chaos")]
-    Chaos(crate::chaos::ChaosArgs),
     /// Run the invariant checks (seed §13.3); exits non-zero if any is violated.
     Check {
         /// Only this activity.
@@ -110,24 +105,6 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             // actix needs its own System; everything else runs on a plain runtime.
             actix_rt::System::new().block_on(serve(settings))
         }
-        #[cfg(feature = "chaos")]
-        Command::Chaos(args) => {
-            let accounts = actix_rt::System::new().block_on(crate::chaos::run(&args))?;
-            Ok(if accounts.iter().all(|a| a.ok()) {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
-        }
-        Command::Bench(args) => {
-            // The HTTP client (awc) runs on actix's runtime too.
-            let report = actix_rt::System::new().block_on(crate::bench::run(&settings, args))?;
-            Ok(if report.passed {
-                ExitCode::SUCCESS
-            } else {
-                ExitCode::FAILURE
-            })
-        }
         command => {
             let runtime = tokio::runtime::Builder::new_current_thread()
                 .enable_all()
@@ -141,9 +118,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         activity_create(&settings, args).await
                     }
                     Command::Check { activity, redis } => check(&settings, activity, redis).await,
-                    #[cfg(feature = "chaos")]
-                    Command::Chaos(_) => unreachable!("handled above"),
-                    Command::Serve | Command::Bench(_) => unreachable!("handled above"),
+                    Command::Serve => unreachable!("handled above"),
                 }
             })
         }
@@ -158,7 +133,7 @@ async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
     let engine = Engine::start(&settings)
         .await
         .context("starting the engine")?;
-    let front = crate::http::start(&settings, engine.pool().clone())
+    let front = crate::http::front::start(&settings, engine.pool().clone())
         .await
         .context("starting the front stage")?;
     let http = front.server.handle();
@@ -253,8 +228,7 @@ async fn validate(
         let mut conn = crate::redis::connect(&settings.redis)
             .await
             .map_err(|e| format!("{:#}", anyhow::Error::from(e)))?;
-        ::redis::cmd("PING")
-            .query_async::<String>(&mut conn)
+        redis_commands::ping(&mut conn)
             .await
             .map_err(|e| format!("{:#}", anyhow::Error::from(e)))?;
         Ok("reachable".to_owned())
@@ -376,74 +350,41 @@ async fn redis_drift(
     let mut redis = crate::redis::connect(&settings.redis)
         .await
         .context("connecting to Redis")?;
-    let buckets = client
-        .query(
-            "SELECT activity_id, sku_id, bucket_no, available_stock::bigint FROM sku_inventory
-             WHERE $1::bigint IS NULL OR activity_id = $1 ORDER BY 1, 2, 3",
-            &[&activity],
-        )
-        .await?;
+    let buckets = reconcile::buckets_available(client, activity).await?;
     let mut out = Vec::new();
     let mut unsettled: std::collections::HashMap<(i64, i64, i16), i64> = Default::default();
     let mut seen_skus = std::collections::HashSet::new();
-    for row in &buckets {
-        let (activity_id, sku_id): (i64, i64) = (row.get(0), row.get(1));
-        if !seen_skus.insert((activity_id, sku_id)) {
+    for b in &buckets {
+        if !seen_skus.insert((b.activity_id, b.sku_id)) {
             continue;
         }
-        let keys = SkuKeys::new(&settings.redis.key_prefix, activity_id, sku_id);
-        let members: Vec<String> = ::redis::cmd("ZRANGE")
-            .arg(keys.pending())
-            .arg(0)
-            .arg(-1)
-            .query_async(&mut redis)
-            .await?;
-        let parsed: Vec<(uuid::Uuid, i16)> = members
-            .iter()
-            .filter_map(|m| {
-                let mut parts = m.split(':');
-                let id = parts.next()?.parse().ok()?;
-                let bucket = parts.nth(1)?.parse().ok()?;
-                Some((id, bucket))
-            })
-            .collect();
-        let ids: Vec<uuid::Uuid> = parsed.iter().map(|p| p.0).collect();
-        let known: std::collections::HashSet<uuid::Uuid> = client
-            .query(
-                "SELECT reservation_id FROM inventory_reservation WHERE reservation_id = ANY($1)",
-                &[&ids],
-            )
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        for (id, bucket) in parsed {
-            if !known.contains(&id) {
-                *unsettled.entry((activity_id, sku_id, bucket)).or_default() += 1;
+        let keys = SkuKeys::new(&settings.redis.key_prefix, b.activity_id, b.sku_id);
+        let pending = redis_commands::all_pending(&mut redis, &keys).await?;
+        let ids: Vec<uuid::Uuid> = pending.iter().map(|p| p.reservation_id).collect();
+        let known = reconcile::known_reservations(client, &ids).await?;
+        for p in pending {
+            if !known.contains(&p.reservation_id) {
+                *unsettled
+                    .entry((b.activity_id, b.sku_id, p.bucket))
+                    .or_default() += 1;
             }
         }
     }
-    for row in buckets {
-        let (activity_id, sku_id, bucket, pg_available): (i64, i64, i16, i64) =
-            (row.get(0), row.get(1), row.get(2), row.get(3));
-        let keys = SkuKeys::new(&settings.redis.key_prefix, activity_id, sku_id);
-        let redis_stock: Option<i64> = ::redis::cmd("GET")
-            .arg(keys.stock(bucket))
-            .query_async(&mut redis)
-            .await?;
-        let redis_stock = redis_stock.unwrap_or(0);
+    for b in buckets {
+        let keys = SkuKeys::new(&settings.redis.key_prefix, b.activity_id, b.sku_id);
+        let redis_stock = redis_commands::bucket_stock(&mut redis, &keys, b.bucket).await?;
         let unsettled = unsettled
-            .get(&(activity_id, sku_id, bucket))
+            .get(&(b.activity_id, b.sku_id, b.bucket))
             .copied()
             .unwrap_or(0);
         out.push(BucketDrift {
-            activity_id,
-            sku_id,
-            bucket,
-            pg_available,
+            activity_id: b.activity_id,
+            sku_id: b.sku_id,
+            bucket: b.bucket,
+            pg_available: b.available,
             redis_stock,
             unsettled,
-            drift: pg_available - redis_stock - unsettled,
+            drift: b.available - redis_stock - unsettled,
         });
     }
     Ok(out)

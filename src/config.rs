@@ -376,7 +376,7 @@ impl Settings {
     /// orders running while the next batch forms, and a sale spread over many
     /// buckets can run a transaction on every pooled connection at once. With only
     /// the hot bucket's share, 64 buckets split it into batches of a few orders and
-    /// sold at about 60 % of the rate (docs/BENCHMARKS.md, session 20).
+    /// sold at about 60 % of the rate (docs/benchmarks-history.md, 2026-12-02, 0774ebb).
     pub fn db_permits(&self) -> usize {
         match self.engine.db_permits {
             0 => {
@@ -494,7 +494,7 @@ mod tests {
             assert_eq!(s.db_permits(), 64 * 16);
             assert_eq!(usize::from(s.prefetch()), s.db_permits());
             assert_eq!(s.owned_shards(), vec![0]);
-            // Fewer order transactions at once than connections (session 21).
+            // Fewer order transactions at once than connections (docs/benchmarks-history.md, 2026-12-02, 27acd2b).
             assert_eq!(s.engine.order_transactions, 8);
             Ok(())
         });

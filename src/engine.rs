@@ -11,24 +11,24 @@ use actix::prelude::*;
 use uuid::Uuid;
 
 use crate::actors::bucket::{BucketActor, BucketKey, BucketShared};
-use crate::actors::compensation_worker::{CompensationConfig, CompensationWorker};
 use crate::actors::db_permits::DbPermits;
-use crate::actors::gauges::GaugeSampler;
-use crate::actors::intake::{
-    Intake, IntakeConfig, IntakeRoutes, IntakeStats, IntakeWork, OrderWork, PaymentWork,
-};
-use crate::actors::maintenance::{Maintenance, Service};
-use crate::actors::outbox_publisher::{OrderLoad, OutboxConfig, OutboxPublisher};
-use crate::actors::readiness::{Readiness, ReadinessMonitor};
-use crate::actors::reconciler::Reconciler;
+use crate::actors::intake::{Intake, IntakeConfig, IntakeWork, OrderWork, PaymentWork};
 use crate::actors::registry::Registry;
 use crate::actors::reservation::ReservationActor;
-use crate::actors::supervisor::{ChildFactory, Shutdown, Supervisor};
-use crate::actors::sweeper::{Sweeper, SweeperConfig};
 use crate::config::Settings;
 use crate::domain::ids::IdGenerator;
+use crate::mq::settlement::IntakeRoutes;
 use crate::mq::topology::{declare_topology, Names};
 use crate::mq::{self, MqError};
+use crate::services::compensation_worker::{CompensationConfig, CompensationWorker};
+use crate::services::gauges::GaugeSampler;
+use crate::services::outbox_publisher::{OrderLoad, OutboxConfig, OutboxPublisher};
+use crate::services::readiness::ReadinessMonitor;
+use crate::services::reconciler::Reconciler;
+use crate::services::runner::{Maintenance, Service};
+use crate::services::supervisor::{ChildFactory, Shutdown, Supervisor};
+use crate::services::sweeper::{Sweeper, SweeperConfig};
+use crate::status::{IntakeStats, Readiness};
 use crate::store::migrate::{self, MigrateError};
 use crate::store::{build_pool, Pool, StoreError};
 

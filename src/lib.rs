@@ -2,9 +2,6 @@
 //! See DESIGN.md for the promises and the topology; `main.rs` only wires the CLI.
 
 pub mod actors;
-pub mod bench;
-#[cfg(feature = "chaos")]
-pub mod chaos;
 pub mod commands;
 pub mod config;
 pub mod domain;
@@ -13,5 +10,7 @@ pub mod failpoints;
 pub mod http;
 pub mod mq;
 pub mod redis;
+pub mod services;
+pub mod status;
 pub mod store;
 pub mod telemetry;

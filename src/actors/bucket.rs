@@ -166,7 +166,7 @@ impl BucketActor {
     /// orders that arrived meanwhile (often one), and every transaction costs
     /// PostgreSQL a fixed price whatever it holds: so orders wait here until the
     /// last transaction started has the row, and then go together
-    /// (docs/BENCHMARKS.md, session 12).
+    /// (docs/benchmarks-history.md, 2026-12-01, e25e0b5; reverted there, back since c21a6aa).
     fn may_start(&self) -> bool {
         self.running == 0
             || self.shared.batch_max_size <= 1
@@ -177,7 +177,7 @@ impl BucketActor {
     /// slot takes only a full batch: a backlog needs every slot, but at a moderate
     /// load the orders that arrive while the last slot would be taken are better
     /// off waiting for the oldest transaction to end and going with more others
-    /// (docs/BENCHMARKS.md, session 17). With one order per transaction every
+    /// (docs/benchmarks-history.md, 2026-12-02, 95ee118). With one order per transaction every
     /// waiting order is a full batch.
     fn slot_free(&self) -> bool {
         slot_free(
@@ -206,7 +206,7 @@ impl BucketActor {
             return false;
         }
         self.running += 1;
-        metrics::histogram!("seckill_order_batch_size").record(n as f64);
+        metrics::histogram!(crate::telemetry::names::ORDER_BATCH_SIZE).record(n as f64);
         let mut runs = Vec::with_capacity(n);
         let mut replies = Vec::with_capacity(n);
         let mut keys = Vec::with_capacity(n * 6);
@@ -298,8 +298,8 @@ impl Handler<RunOrder> for BucketActor {
         // or as soon as a full batch waits for the last pipeline slot (`slot_free`).
         // At a moderate load the last one started gets the row as it starts, before
         // any order waits, so transactions run one after another; starting the next
-        // sooner was measured to cost more than it saves (docs/BENCHMARKS.md,
-        // session 19).
+        // sooner was measured to cost more than it saves (docs/benchmarks-history.md,
+        // 2026-12-02, 61b67c4).
         if self.running == 0 || self.waiting.len() >= self.shared.batch_max_size {
             self.next_batch(ctx);
         }
@@ -402,7 +402,7 @@ fn log_committed(
     elapsed: std::time::Duration,
 ) {
     let msg = &run.msg;
-    metrics::histogram!("seckill_order_tx_duration_seconds", "outcome" => outcome.label())
+    metrics::histogram!(crate::telemetry::names::ORDER_TX_DURATION_SECONDS, "outcome" => outcome.label())
         .record(elapsed.as_secs_f64());
     tracing::debug!(
         request_id = %msg.request_id, reservation_id = %msg.reservation_id,
@@ -428,16 +428,9 @@ fn record_commit_latency(msg: &OrderCreateMessage, committed_at: chrono::DateTim
         .to_std()
         .unwrap_or_default();
     // Spelled out: tests/it/deploy.rs reads recorded names from the macro calls.
-    metrics::histogram!("seckill_order_commit_latency_seconds").record(waited.as_secs_f64());
+    metrics::histogram!(crate::telemetry::names::ORDER_COMMIT_LATENCY_SECONDS)
+        .record(waited.as_secs_f64());
 }
-
-/// Reservation → commit, in seconds (the name recorded above); finer buckets than
-/// the other `*_seconds` histograms (`telemetry`), for latency objectives in tens of
-/// milliseconds.
-pub const COMMIT_LATENCY: &str = "seckill_order_commit_latency_seconds";
-
-/// Orders per transaction a bucket actor starts (the name recorded in `start_batch`).
-pub const BATCH_SIZE: &str = "seckill_order_batch_size";
 
 fn log_failed(
     shared: &BucketShared,
@@ -447,7 +440,7 @@ fn log_failed(
     elapsed: std::time::Duration,
 ) {
     let msg = &run.msg;
-    metrics::histogram!("seckill_order_tx_duration_seconds", "outcome" => "error")
+    metrics::histogram!(crate::telemetry::names::ORDER_TX_DURATION_SECONDS, "outcome" => "error")
         .record(elapsed.as_secs_f64());
     tracing::debug!(
         request_id = %msg.request_id, reservation_id = %msg.reservation_id,
@@ -484,9 +477,11 @@ async fn run_orders(
     let acquire = Instant::now();
     let (mut conn, slot_wait) = shared.pool.get_gated(&shared.tx_slots).await?;
     let pool_acquire = acquire.elapsed().saturating_sub(slot_wait);
-    metrics::histogram!("seckill_order_tx_slot_wait_seconds").record(slot_wait.as_secs_f64());
+    metrics::histogram!(crate::telemetry::names::ORDER_TX_SLOT_WAIT_SECONDS)
+        .record(slot_wait.as_secs_f64());
     turn.seated();
-    metrics::histogram!("seckill_db_pool_acquire_seconds").record(pool_acquire.as_secs_f64());
+    metrics::histogram!(crate::telemetry::names::DB_POOL_ACQUIRE_SECONDS)
+        .record(pool_acquire.as_secs_f64());
     let sku_title = match title {
         Some(title) => title.clone(),
         None => {

@@ -26,7 +26,7 @@ pub struct Acquire;
 
 impl DbPermits {
     pub fn new(capacity: usize) -> Self {
-        metrics::gauge!("seckill_db_permits_capacity").set(capacity as f64);
+        metrics::gauge!(crate::telemetry::names::DB_PERMITS_CAPACITY).set(capacity as f64);
         Self {
             semaphore: Arc::new(Semaphore::new(capacity)),
         }
@@ -50,9 +50,9 @@ impl Handler<Acquire> for DbPermits {
                     break p;
                 }
             };
-            metrics::histogram!("seckill_db_permit_wait_seconds")
+            metrics::histogram!(crate::telemetry::names::DB_PERMIT_WAIT_SECONDS)
                 .record(started.elapsed().as_secs_f64());
-            metrics::gauge!("seckill_db_permits_available")
+            metrics::gauge!(crate::telemetry::names::DB_PERMITS_AVAILABLE)
                 .set(semaphore.available_permits() as f64);
             Permit { _inner: inner }
         })

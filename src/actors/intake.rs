@@ -7,35 +7,30 @@
 //! go through the channel's `Acks` task, which merges contiguous ones into one frame.
 
 use std::rc::Rc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 
 use actix::prelude::*;
 use futures_util::future::LocalBoxFuture;
 use lapin::message::Delivery;
-use lapin::options::{
-    BasicCancelOptions, BasicConsumeOptions, BasicNackOptions, BasicQosOptions, BasicRejectOptions,
-};
-use lapin::types::{AMQPValue, FieldTable, LongString};
+use lapin::options::{BasicCancelOptions, BasicConsumeOptions, BasicQosOptions};
+use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel};
 use uuid::Uuid;
 
 use super::db_permits::{Acquire, DbPermits, Permit};
-use super::maintenance::{ChildFailed, StopChild};
-use super::readiness::Readiness;
 use super::registry::{Registry, Route};
 use super::reservation::{ProcessOrder, ReservationActor};
 use crate::config::AmqpSettings;
 use crate::domain::message::{OrderCreateMessage, PoisonReason};
 use crate::domain::outcome::{disposition, Disposition, ErrorClass};
 use crate::domain::payment::PaymentCallback;
-use crate::mq::acks::{AckCounts, Acks};
+use crate::mq::acks::Acks;
 use crate::mq::publisher::ConfirmedPublisher;
+use crate::mq::settlement::{ack, dead_letter, retry, IntakeRoutes, Outlet};
 use crate::mq::topology::declare_topology;
-use crate::mq::{
-    self, MqError, DEAD_AT_HEADER, DEAD_KIND_HEADER, DEAD_QUEUE_HEADER, DEAD_REASON_HEADER,
-    RETRIES_HEADER,
-};
+use crate::mq::{self, MqError};
+use crate::services::supervisor::{ChildFailed, StopChild};
+use crate::status::{AckCounts, InFlight, IntakeStats, Readiness};
 use crate::store::payments::apply_callback;
 
 /// The queue-specific part of an intake.
@@ -82,7 +77,8 @@ impl IntakeWork for OrderWork {
                 Ok(Ok(result)) => result?,
                 Ok(Err(_)) | Err(_) => return Err(ErrorClass::Transient("actor_unavailable")),
             };
-            metrics::counter!("seckill_orders_total", "outcome" => outcome.label()).increment(1);
+            metrics::counter!(crate::telemetry::names::ORDERS_TOTAL, "outcome" => outcome.label())
+                .increment(1);
             tracing::debug!(%message_id, outcome = outcome.label(), order_id = outcome.order_id, "message processed");
             Ok(outcome.label())
         })
@@ -91,95 +87,6 @@ impl IntakeWork for OrderWork {
 
 /// How often an intake looks at the readiness flag.
 const READINESS_POLL: std::time::Duration = std::time::Duration::from_millis(250);
-
-/// Where an intake sends what it cannot ack.
-#[derive(Clone)]
-pub struct IntakeRoutes {
-    /// The consumed queue.
-    pub queue: Arc<str>,
-    pub retry_queue: String,
-    pub dead_queue: String,
-    pub max_retries: u32,
-    /// How long a message waits before it is tried again.
-    pub retry_delay: std::time::Duration,
-}
-
-/// Deliveries received and not yet settled (acked, retried or dead-lettered), shared
-/// by every intake of an engine. The broker's unacked count for our consumers is the
-/// same number, so its peak shows that prefetch and permits bound the work in memory.
-#[derive(Debug, Default)]
-pub struct IntakeStats {
-    in_flight: AtomicUsize,
-    peak: AtomicUsize,
-    /// Intakes currently connected and consuming.
-    consuming: AtomicUsize,
-    /// Intakes told to stop whose last acks and connection close are still to go.
-    closing: AtomicUsize,
-    acks: Arc<AckCounts>,
-}
-
-impl IntakeStats {
-    pub fn consuming(&self) -> usize {
-        self.consuming.load(Ordering::Relaxed)
-    }
-    pub fn in_flight(&self) -> usize {
-        self.in_flight.load(Ordering::Relaxed)
-    }
-    pub fn closing(&self) -> usize {
-        self.closing.load(Ordering::Relaxed)
-    }
-    pub fn peak(&self) -> usize {
-        self.peak.load(Ordering::Relaxed)
-    }
-    /// Deliveries acked, and the frames that acked them.
-    pub fn acks(&self) -> &AckCounts {
-        &self.acks
-    }
-
-    /// Waits until nothing is in flight or `grace` has passed; returns whether it
-    /// drained.
-    pub async fn drained(&self, grace: std::time::Duration) -> bool {
-        poll_until(grace, || self.in_flight() == 0).await
-    }
-
-    /// Waits until every intake has stopped consuming and closed its connection, its
-    /// last acks sent, or `grace` has passed; returns whether they all closed. Until
-    /// then the broker still holds their settled deliveries as unacked, and a process
-    /// that exits first has them redelivered.
-    pub async fn closed(&self, grace: std::time::Duration) -> bool {
-        poll_until(grace, || self.consuming() == 0 && self.closing() == 0).await
-    }
-
-    fn enter(self: &Arc<Self>) -> InFlight {
-        let now = self.in_flight.fetch_add(1, Ordering::Relaxed) + 1;
-        self.peak.fetch_max(now, Ordering::Relaxed);
-        metrics::gauge!("seckill_intake_in_flight").set(now as f64);
-        InFlight(self.clone())
-    }
-}
-
-/// Polls `done` every 20 ms until it holds or `grace` has passed; returns whether it
-/// held.
-async fn poll_until(grace: std::time::Duration, done: impl Fn() -> bool) -> bool {
-    let deadline = tokio::time::Instant::now() + grace;
-    while !done() {
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-    }
-    true
-}
-
-/// One unsettled delivery; dropping it counts the delivery as settled.
-struct InFlight(Arc<IntakeStats>);
-
-impl Drop for InFlight {
-    fn drop(&mut self) {
-        let now = self.0.in_flight.fetch_sub(1, Ordering::Relaxed) - 1;
-        metrics::gauge!("seckill_intake_in_flight").set(now as f64);
-    }
-}
 
 /// `payment.callback`: each callback runs its own transaction (no ordering needed: the
 /// inbox and the conditional UPDATE make any interleaving safe).
@@ -218,7 +125,8 @@ impl IntakeWork for PaymentWork {
             } else {
                 outcome.result.label()
             };
-            metrics::counter!("seckill_payments_total", "result" => label).increment(1);
+            metrics::counter!(crate::telemetry::names::PAYMENTS_TOTAL, "result" => label)
+                .increment(1);
             tracing::debug!(
                 order_id = cb.order_id,
                 result = label,
@@ -265,13 +173,6 @@ struct Link {
     consumer_tag: String,
     /// Built once per connection and shared by every delivery's task.
     outlet: Rc<Outlet>,
-}
-
-/// Where a delivery goes once its outcome is known.
-struct Outlet {
-    routes: IntakeRoutes,
-    publisher: ConfirmedPublisher,
-    acks: Acks,
 }
 
 impl<W: IntakeWork> Intake<W> {
@@ -419,12 +320,12 @@ impl<W: IntakeWork> Actor for Intake<W> {
 
     fn started(&mut self, ctx: &mut Self::Context) {
         ctx.wait(
-            connect(self.config.clone(), self.stats.acks.clone())
+            connect(self.config.clone(), self.stats.ack_counts())
                 .into_actor(self)
                 .map(|result, intake, ctx| match result {
                     Ok((link, consumer)) => {
                         intake.link = Some(link);
-                        intake.stats.consuming.fetch_add(1, Ordering::Relaxed);
+                        intake.stats.consuming_started();
                         ctx.add_stream(consumer);
                         ctx.run_interval(READINESS_POLL, |intake, ctx| {
                             intake.follow_readiness(ctx)
@@ -443,7 +344,7 @@ impl<W: IntakeWork> Actor for Intake<W> {
 impl<W: IntakeWork> Drop for Intake<W> {
     fn drop(&mut self) {
         if self.link.is_some() {
-            self.stats.consuming.fetch_sub(1, Ordering::Relaxed);
+            self.stats.consuming_stopped();
         }
     }
 }
@@ -464,7 +365,7 @@ impl<W: IntakeWork> Handler<StopChild> for Intake<W> {
             let (stats, grace) = (self.stats.clone(), self.config.grace);
             // Counted before this actor drops and stops counting as consuming, so
             // that `closed` never sees neither.
-            stats.closing.fetch_add(1, Ordering::Relaxed);
+            stats.closing_started();
             actix::spawn(async move {
                 let _ = channel
                     .basic_cancel(tag.as_str().into(), BasicCancelOptions::default())
@@ -472,7 +373,7 @@ impl<W: IntakeWork> Handler<StopChild> for Intake<W> {
                 stats.drained(grace).await;
                 acks.flush().await;
                 mq::close(&connection, &[&channel, &confirms]).await;
-                stats.closing.fetch_sub(1, Ordering::Relaxed);
+                stats.closing_done();
             });
         }
         ctx.stop();
@@ -496,13 +397,14 @@ impl<W: IntakeWork> StreamHandler<Result<Delivery, lapin::Error>> for Intake<W> 
             return;
         };
         let outlet = link.outlet.clone();
-        metrics::counter!("seckill_intake_messages_total", "kind" => W::KIND).increment(1);
+        metrics::counter!(crate::telemetry::names::INTAKE_MESSAGES_TOTAL, "kind" => W::KIND)
+            .increment(1);
         observe_age(W::KIND, &delivery.properties);
         let in_flight = self.stats.enter();
         let msg = match self.work.decode(&delivery.data) {
             Ok(msg) => msg,
             Err(reason) => {
-                metrics::counter!("seckill_intake_decode_errors_total", "kind" => reason.kind)
+                metrics::counter!(crate::telemetry::names::INTAKE_DECODE_ERRORS_TOTAL, "kind" => reason.kind)
                     .increment(1);
                 actix::spawn(async move {
                     dead_letter(&outlet, delivery, &reason, in_flight).await;
@@ -567,7 +469,7 @@ async fn settle(
         None => Err(ErrorClass::Transient("no_permit")),
     };
     if let Err(ErrorClass::CommitOutcomeUnknown) = &result {
-        metrics::counter!("seckill_commit_unknown_total").increment(1);
+        metrics::counter!(crate::telemetry::names::COMMIT_UNKNOWN_TOTAL).increment(1);
         // Rare and worth an operator's (and the fault suite's) attention.
         let message_id = delivery
             .properties
@@ -589,152 +491,13 @@ async fn settle(
     }
 }
 
-/// Hands a delivery's ack to the channel's ack task. The in-flight count drops first,
-/// so it never exceeds what the broker counts as unacked.
-fn ack(outlet: &Outlet, delivery: &Delivery, in_flight: InFlight) {
-    drop(in_flight);
-    outlet.acks.ack(delivery.delivery_tag);
-}
-
-fn retries_of(delivery: &Delivery) -> u32 {
-    mq::int_header(&delivery.properties, RETRIES_HEADER)
-        .map_or(0, |n| u32::try_from(n).unwrap_or(u32::MAX))
-}
-
-/// Publish → receive, in seconds (the name recorded in `observe_age`): the broker's
-/// part of an order's latency, and the publisher's after its clock read.
-pub const MESSAGE_AGE: &str = "seckill_intake_message_age_seconds";
-
 /// Records how long the message waited between its publisher and us, when the
 /// publisher said when it published.
 fn observe_age(kind: &'static str, props: &BasicProperties) {
     if let Some(published) = mq::int_header(props, mq::PUBLISHED_AT_HEADER) {
         let age_ms = (mq::unix_millis() - published).max(0);
         // Spelled out: tests/it/deploy.rs reads recorded names from the macro calls.
-        metrics::histogram!("seckill_intake_message_age_seconds", "kind" => kind)
+        metrics::histogram!(crate::telemetry::names::INTAKE_MESSAGE_AGE_SECONDS, "kind" => kind)
             .record(age_ms as f64 / 1000.0);
-    }
-}
-
-/// Same body and properties, with extra headers.
-fn copy_properties(delivery: &Delivery, extra: &[(&str, AMQPValue)]) -> BasicProperties {
-    let mut headers = delivery.properties.headers().clone().unwrap_or_default();
-    for (name, value) in extra {
-        headers.insert((*name).into(), value.clone());
-    }
-    delivery.properties.clone().with_headers(headers)
-}
-
-/// Sends the message to the shard's retry queue (it comes back after the TTL), then
-/// acks the original. If the copy cannot be published, the original is requeued after
-/// the delay instead: never lost, never acked early.
-async fn retry(outlet: &Outlet, delivery: Delivery, reason: &'static str, in_flight: InFlight) {
-    let routes = &outlet.routes;
-    let retries = retries_of(&delivery);
-    if retries >= routes.max_retries {
-        let reason = PoisonReason::new(
-            "retries_exhausted",
-            format!("gave up after {retries} delayed retries; last reason: {reason}"),
-        );
-        dead_letter(outlet, delivery, &reason, in_flight).await;
-        return;
-    }
-    metrics::counter!("seckill_order_retries_total", "reason" => reason).increment(1);
-    let props = copy_properties(
-        &delivery,
-        &[(
-            RETRIES_HEADER,
-            AMQPValue::LongLongInt(i64::from(retries) + 1),
-        )],
-    );
-    match outlet
-        .publisher
-        .publish("", &routes.retry_queue, &delivery.data, props)
-        .await
-    {
-        Ok(()) => ack(outlet, &delivery, in_flight),
-        Err(e) => {
-            // The broker would not take the copy; fall back to a requeue, after the
-            // same delay, so a sick broker is not hammered.
-            tracing::warn!(queue = %routes.queue, error = %e, reason, "could not schedule a retry; requeueing after the delay");
-            tokio::time::sleep(routes.retry_delay).await;
-            drop(in_flight);
-            match delivery
-                .acker
-                .nack(BasicNackOptions {
-                    requeue: true,
-                    ..BasicNackOptions::default()
-                })
-                .await
-            {
-                Ok(_) => outlet.acks.released(delivery.delivery_tag),
-                // Still unsettled for the ack task, so no `multiple` ack covers it.
-                Err(e) => {
-                    tracing::warn!(queue = %routes.queue, error = %e, "nack failed; the message will be redelivered")
-                }
-            }
-        }
-    }
-}
-
-/// Publishes the message to the dead-letter queue with its reason, then acks it. If
-/// that publish fails, rejects it without requeue so the queue's dead-letter exchange
-/// still moves it to the DLQ (without our reason header, which the log line carries).
-async fn dead_letter(
-    outlet: &Outlet,
-    delivery: Delivery,
-    reason: &PoisonReason,
-    in_flight: InFlight,
-) {
-    let routes = &outlet.routes;
-    let message_id = delivery
-        .properties
-        .message_id()
-        .as_ref()
-        .map(|id| id.to_string());
-    tracing::warn!(
-        queue = %routes.queue, message_id, kind = reason.kind, reason = %reason.detail,
-        "message dead-lettered"
-    );
-    metrics::counter!("seckill_dead_lettered_total", "kind" => reason.kind).increment(1);
-    let props = copy_properties(
-        &delivery,
-        &[
-            (
-                DEAD_REASON_HEADER,
-                AMQPValue::LongString(LongString::from(reason.detail.as_bytes().to_vec())),
-            ),
-            (
-                DEAD_KIND_HEADER,
-                AMQPValue::LongString(LongString::from(reason.kind.as_bytes().to_vec())),
-            ),
-            (
-                DEAD_QUEUE_HEADER,
-                AMQPValue::LongString(LongString::from(routes.queue.as_bytes().to_vec())),
-            ),
-            (DEAD_AT_HEADER, AMQPValue::LongLongInt(mq::unix_millis())),
-        ],
-    );
-    match outlet
-        .publisher
-        .publish("", &routes.dead_queue, &delivery.data, props)
-        .await
-    {
-        Ok(()) => ack(outlet, &delivery, in_flight),
-        Err(e) => {
-            tracing::warn!(queue = %routes.queue, error = %e, "dead-letter publish failed; rejecting to the queue's dead-letter exchange");
-            drop(in_flight);
-            match delivery
-                .acker
-                .reject(BasicRejectOptions { requeue: false })
-                .await
-            {
-                Ok(_) => outlet.acks.released(delivery.delivery_tag),
-                // Still unsettled for the ack task, so no `multiple` ack covers it.
-                Err(e) => {
-                    tracing::warn!(queue = %routes.queue, error = %e, "reject failed; the message will be redelivered")
-                }
-            }
-        }
     }
 }

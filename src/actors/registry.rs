@@ -78,8 +78,9 @@ impl<K, A: Actor> Registry<K, A> {
     }
 
     fn publish_depth(&self) {
-        metrics::gauge!("seckill_mailbox_depth", "kind" => self.kind).set(self.depth as f64);
-        metrics::gauge!("seckill_mailbox_depth_max", "kind" => self.kind).set(
+        metrics::gauge!(crate::telemetry::names::MAILBOX_DEPTH, "kind" => self.kind)
+            .set(self.depth as f64);
+        metrics::gauge!(crate::telemetry::names::MAILBOX_DEPTH_MAX, "kind" => self.kind).set(
             self.actors_by_depth
                 .keys()
                 .next_back()
@@ -121,7 +122,8 @@ where
         let (reply, now) = (entry.addr.send(msg), entry.in_flight);
         self.moved(now - 1, now);
         self.depth += 1;
-        metrics::gauge!("seckill_live_actors", "kind" => self.kind).set(self.actors.len() as f64);
+        metrics::gauge!(crate::telemetry::names::LIVE_ACTORS, "kind" => self.kind)
+            .set(self.actors.len() as f64);
         self.publish_depth();
         let registry = ctx.address();
         Box::pin(async move {

@@ -9,9 +9,9 @@ use serde_json::json;
 
 use super::operations::Operations;
 use super::{HttpError, Running};
-use crate::actors::intake::IntakeStats;
-use crate::actors::readiness::Readiness;
 use crate::config::{RedisSettings, Settings};
+use crate::status::IntakeStats;
+use crate::status::Readiness;
 use crate::store::{migrate, Pool};
 
 /// What readiness looks at.
@@ -99,17 +99,13 @@ async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
     }
     let redis = async {
         let mut conn = crate::redis::connect(&admin.redis).await?;
-        crate::redis::timed(
-            "ping",
-            ::redis::cmd("PING").query_async::<String>(&mut conn),
-        )
-        .await
+        crate::redis::commands::ping(&mut conn).await
     };
     if let Err(e) = redis.await {
         failing.insert("redis".into(), json!(e.to_string()));
     }
     let ready = failing.is_empty();
-    metrics::gauge!("seckill_ready").set(if ready { 1.0 } else { 0.0 });
+    metrics::gauge!(crate::telemetry::names::READY).set(if ready { 1.0 } else { 0.0 });
     if ready {
         HttpResponse::Ok().json(json!({"status": "ready"}))
     } else {

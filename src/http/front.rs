@@ -8,21 +8,23 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use actix_web::{web, HttpResponse};
-use chrono::{DateTime, TimeDelta, Utc};
+use actix_web::{web, App, HttpResponse, HttpServer};
+use chrono::{TimeDelta, Utc};
 use serde::Deserialize;
 use serde_json::json;
 use uuid::Uuid;
 
-use super::HttpError;
+use super::{HttpError, Running};
 use crate::config::{AmqpSettings, FrontstageSettings, Settings};
 use crate::domain::ids::{order_no, IdGenerator};
 use crate::domain::message::OrderCreateMessage;
 use crate::domain::shard::shard_for;
 use crate::mq::publisher::ConfirmedPublisher;
 use crate::mq::topology::Names;
+use crate::redis::commands;
 use crate::redis::keys::SkuKeys;
 use crate::redis::scripts::{self, Reserved};
+use crate::store::reads;
 use crate::store::Pool;
 
 /// What the handlers share.
@@ -42,15 +44,7 @@ pub struct FrontStage {
 }
 
 /// What a reservation needs to know of its SKU; cached after the first request.
-#[derive(Debug)]
-struct Sku {
-    buckets: i16,
-    unit_price: i64,
-    currency: String,
-    order_ttl_ms: i64,
-    start_at: DateTime<Utc>,
-    end_at: DateTime<Utc>,
-}
+type Sku = reads::SkuInfo;
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -125,20 +119,11 @@ impl FrontStage {
             .get()
             .await
             .map_err(|_| unavailable("database busy"))?;
-        let row = conn
-            .client
-            .query_opt(LOAD_SKU, &[&activity_id, &sku_id])
+        let found = reads::load_sku(&conn.client, activity_id, sku_id)
             .await
             .map_err(|_| unavailable("database unavailable"))?;
-        let Some(row) = row else { return Ok(None) };
-        let sku = Arc::new(Sku {
-            buckets: row.get(0),
-            unit_price: row.get(1),
-            currency: row.get(2),
-            order_ttl_ms: row.get(3),
-            start_at: row.get(4),
-            end_at: row.get(5),
-        });
+        let Some(sku) = found else { return Ok(None) };
+        let sku = Arc::new(sku);
         if let Ok(mut skus) = self.skus.lock() {
             skus.insert((activity_id, sku_id), sku.clone());
         }
@@ -260,22 +245,22 @@ async fn reserve(
             front.marker_ttl_secs,
         )
         .await;
-        let mut forget = ::redis::cmd("DEL");
-        forget.arg(keys.request(&req.request_id));
-        let forgot: Result<(), _> =
-            crate::redis::timed("del", forget.query_async(&mut redis)).await;
+        let forgot = commands::forget_request(&mut redis, &keys, &req.request_id).await;
         if given_back.is_err() || forgot.is_err() {
             tracing::error!(%reservation_id, "could not give a failed reservation back to Redis; reconciliation will");
         }
         return unavailable("order queue unavailable, reservation released; try again");
     }
     // Lets the status query tell a queued reservation from an unknown one.
-    let mut mark = ::redis::cmd("SET");
-    mark.arg(queued_key(&front.key_prefix, &reservation_id))
-        .arg(format!("{activity_id}:{sku_id}"))
-        .arg("PX")
-        .arg(ttl_ms.saturating_mul(2));
-    let _: Result<(), _> = crate::redis::timed("set", mark.query_async(&mut redis)).await;
+    let _ = commands::mark_queued(
+        &mut redis,
+        &front.key_prefix,
+        &reservation_id,
+        activity_id,
+        sku_id,
+        ttl_ms.saturating_mul(2),
+    )
+    .await;
     accepted(&answer)
 }
 
@@ -304,49 +289,36 @@ async fn publish(front: &FrontStage, msg: &OrderCreateMessage) -> Result<(), Str
     }
 }
 
-fn queued_key(prefix: &str, reservation_id: &Uuid) -> String {
-    format!("{prefix}:queued:{reservation_id}")
-}
-
 async fn reservation(front: web::Data<FrontStage>, path: web::Path<Uuid>) -> HttpResponse {
     let reservation_id = path.into_inner();
     let Ok(conn) = front.pool.get().await else {
         return unavailable("database busy");
     };
-    let row = match conn
-        .client
-        .query_opt(LOAD_RESERVATION, &[&reservation_id])
-        .await
-    {
-        Ok(row) => row,
+    let found = match reads::load_reservation(&conn.client, reservation_id).await {
+        Ok(found) => found,
         Err(_) => return unavailable("database unavailable"),
     };
-    if let Some(row) = row {
-        let status: i16 = row.get(0);
-        let failure: Option<String> = row.get(1);
-        let order_id: Option<i64> = row.get(2);
-        return HttpResponse::Ok().json(match status {
+    if let Some(r) = found {
+        return HttpResponse::Ok().json(match r.status {
             10 => json!({
                 "reservation_id": reservation_id, "status": "ORDERED",
-                "order_id": order_id, "order_no": row.get::<_, Option<String>>(3),
-                "expire_at": row.get::<_, Option<DateTime<Utc>>>(4),
+                "order_id": r.order_id, "order_no": r.order_no,
+                "expire_at": r.expire_at,
             }),
-            20 => json!({"reservation_id": reservation_id, "status": "REJECTED", "reason": failure}),
-            40 => json!({"reservation_id": reservation_id, "status": "RELEASED", "order_id": order_id}),
+            20 => json!({"reservation_id": reservation_id, "status": "REJECTED", "reason": r.failure_code}),
+            40 => json!({"reservation_id": reservation_id, "status": "RELEASED", "order_id": r.order_id}),
             _ => json!({"reservation_id": reservation_id, "status": "PENDING"}),
         });
     }
     let mut redis = front.redis.clone();
-    let mut lookup = ::redis::cmd("GET");
-    lookup.arg(queued_key(&front.key_prefix, &reservation_id));
-    let queued: Option<String> = crate::redis::timed("get", lookup.query_async(&mut redis))
+    let queued = commands::is_queued(&mut redis, &front.key_prefix, &reservation_id)
         .await
-        .unwrap_or(None);
+        .unwrap_or(false);
     match queued {
-        Some(_) => {
+        true => {
             HttpResponse::Ok().json(json!({"reservation_id": reservation_id, "status": "QUEUED"}))
         }
-        None => HttpResponse::NotFound().json(json!({"status": "NOT_FOUND"})),
+        false => HttpResponse::NotFound().json(json!({"status": "NOT_FOUND"})),
     }
 }
 
@@ -355,24 +327,23 @@ async fn order(front: web::Data<FrontStage>, path: web::Path<i64>) -> HttpRespon
     let Ok(conn) = front.pool.get().await else {
         return unavailable("database busy");
     };
-    match conn.client.query_opt(LOAD_ORDER, &[&order_id]).await {
-        Ok(Some(row)) => {
-            let status: i16 = row.get(1);
-            let name = crate::domain::status::OrderStatus::from_code(status)
+    match reads::load_order(&conn.client, order_id).await {
+        Ok(Some(o)) => {
+            let name = crate::domain::status::OrderStatus::from_code(o.status)
                 .map(|s| s.name())
                 .unwrap_or("UNKNOWN");
             HttpResponse::Ok().json(json!({
                 "order_id": order_id,
-                "order_no": row.get::<_, String>(0),
+                "order_no": o.order_no,
                 "status": name.to_ascii_uppercase(),
-                "activity_id": row.get::<_, i64>(2),
-                "sku_id": row.get::<_, i64>(3),
-                "user_id": row.get::<_, i64>(4),
-                "total_amount": row.get::<_, i64>(5),
-                "currency": row.get::<_, String>(6),
-                "expire_at": row.get::<_, DateTime<Utc>>(7),
-                "paid_at": row.get::<_, Option<DateTime<Utc>>>(8),
-                "cancelled_at": row.get::<_, Option<DateTime<Utc>>>(9),
+                "activity_id": o.activity_id,
+                "sku_id": o.sku_id,
+                "user_id": o.user_id,
+                "total_amount": o.total_amount,
+                "currency": o.currency,
+                "expire_at": o.expire_at,
+                "paid_at": o.paid_at,
+                "cancelled_at": o.cancelled_at,
             }))
         }
         Ok(None) => HttpResponse::NotFound().json(json!({"status": "NOT_FOUND"})),
@@ -380,20 +351,23 @@ async fn order(front: web::Data<FrontStage>, path: web::Path<i64>) -> HttpRespon
     }
 }
 
-const LOAD_SKU: &str = "
-SELECT s.inventory_bucket_count, s.unit_price, s.currency,
-       coalesce((a.rules->>'order_ttl_ms')::bigint, 900000), a.start_at, a.end_at
-FROM seckill_sku AS s
-JOIN seckill_activity AS a ON a.activity_id = s.activity_id
-WHERE s.activity_id = $1 AND s.sku_id = $2";
-
-const LOAD_RESERVATION: &str = "
-SELECT r.status, r.failure_code, r.order_id, o.order_no, o.expire_at
-FROM inventory_reservation AS r
-LEFT JOIN orders AS o ON o.order_id = r.order_id
-WHERE r.reservation_id = $1";
-
-const LOAD_ORDER: &str = "
-SELECT order_no, status, activity_id, sku_id, user_id, total_amount, currency, expire_at,
-       paid_at, cancelled_at
-FROM orders WHERE order_id = $1";
+/// Starts the front stage. Its Redis and AMQP connections are opened here, on the
+/// caller's (long-lived) arbiter, and shared by the workers.
+pub async fn start(settings: &Settings, pool: Pool) -> Result<Running, HttpError> {
+    let state = web::Data::new(FrontStage::connect(settings, pool).await?);
+    let workers = settings.frontstage.workers.max(1);
+    let server = HttpServer::new(move || {
+        App::new()
+            .app_data(state.clone())
+            .app_data(web::PayloadConfig::new(16 * 1024))
+            .configure(routes)
+    })
+    .workers(workers)
+    .disable_signals()
+    .bind(&settings.http.addr)
+    .map_err(|source| super::bind_error(&settings.http.addr, source))?;
+    let addr = super::bound_addr(&server.addrs(), &settings.http.addr)?;
+    let server = server.run();
+    tracing::info!(%addr, "front stage listening");
+    Ok(Running { server, addr })
+}

@@ -17,10 +17,10 @@ use serde_json::json;
 use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
-use crate::actors::intake::IntakeStats;
-use crate::actors::readiness::Readiness;
 use crate::config::AmqpSettings;
 use crate::mq::dead_letters::{self, Selection};
+use crate::status::IntakeStats;
+use crate::status::Readiness;
 use crate::store::ops as queries;
 use crate::store::{Pool, StoreError};
 
@@ -115,7 +115,8 @@ fn constant_time_eq(presented: &str, expected: &str) -> bool {
 }
 
 fn audit(who: &Operator, action: &'static str, detail: &str) {
-    metrics::counter!("seckill_admin_actions_total", "action" => action).increment(1);
+    metrics::counter!(crate::telemetry::names::ADMIN_ACTIONS_TOTAL, "action" => action)
+        .increment(1);
     tracing::info!(operator = %who.name, peer = %who.peer, action, detail, "admin action");
 }
 

@@ -13,30 +13,14 @@
 //! slow message never stalls the consumer.
 
 use std::collections::BTreeSet;
-use std::sync::atomic::{AtomicU64, Ordering};
+
 use std::sync::Arc;
 
 use lapin::options::BasicAckOptions;
 use lapin::Channel;
 use tokio::sync::{mpsc, oneshot};
 
-/// Counts of what the ack tasks of an engine sent.
-#[derive(Debug, Default)]
-pub struct AckCounts {
-    messages: AtomicU64,
-    frames: AtomicU64,
-}
-
-impl AckCounts {
-    /// Deliveries acked.
-    pub fn messages(&self) -> u64 {
-        self.messages.load(Ordering::Relaxed)
-    }
-    /// `basic.ack` frames that acked them.
-    pub fn frames(&self) -> u64 {
-        self.frames.load(Ordering::Relaxed)
-    }
-}
+use crate::status::AckCounts;
 
 /// One `basic.ack` to send: `multiple` settles every outstanding tag up to `tag`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -242,11 +226,9 @@ async fn run(
             };
             match channel.basic_ack(frame.tag, options).await {
                 Ok(()) => {
-                    counts.frames.fetch_add(1, Ordering::Relaxed);
-                    counts
-                        .messages
-                        .fetch_add(frame.messages as u64, Ordering::Relaxed);
-                    metrics::counter!("seckill_intake_ack_frames_total").increment(1);
+                    counts.record_frame(frame.messages as u64);
+                    metrics::counter!(crate::telemetry::names::INTAKE_ACK_FRAMES_TOTAL)
+                        .increment(1);
                 }
                 Err(e) => {
                     // The effects are committed; redeliveries are answered by the inbox.

@@ -4,6 +4,7 @@
 pub mod acks;
 pub mod dead_letters;
 pub mod publisher;
+pub mod settlement;
 pub mod topology;
 
 use lapin::{Connection, ConnectionProperties};

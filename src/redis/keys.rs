@@ -7,6 +7,11 @@
 //! `{prefix}:{activity:sku}:released:{reservation}` the reservation's unit was given back
 //! `{prefix}:{activity:sku}:pending`                zset "reservation:user:bucket" by expiry (ms)
 //! `{prefix}:{activity:sku}:request:{request_id}`   the answer to a reservation request
+//! `{prefix}:queued:{reservation}`                  "activity:sku" once its message is queued
+//!
+//! A pending member is `reservation:user:bucket`: built by `PendingMember::encode`
+//! here and by the reservation script (scripts.rs, the same format in Lua), read
+//! only by `PendingMember::parse`.
 
 #[derive(Debug, Clone)]
 pub struct SkuKeys {
@@ -42,7 +47,18 @@ impl SkuKeys {
 
     /// Member of the pending set for one reservation.
     pub fn pending_member(reservation_id: &uuid::Uuid, user_id: i64, bucket: i16) -> String {
-        format!("{reservation_id}:{user_id}:{bucket}")
+        PendingMember {
+            reservation_id: *reservation_id,
+            user_id,
+            bucket,
+        }
+        .encode()
+    }
+
+    /// The mark that a reservation's message was queued (outside the SKU's hash tag:
+    /// the status query knows only the reservation id).
+    pub fn queued(prefix: &str, reservation_id: &uuid::Uuid) -> String {
+        format!("{prefix}:queued:{reservation_id}")
     }
 
     pub fn released(&self, reservation_id: &uuid::Uuid) -> String {
@@ -50,8 +66,55 @@ impl SkuKeys {
     }
 }
 
+/// One entry of a SKU's pending set: a reservation Redis made whose message
+/// PostgreSQL has not confirmed yet.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PendingMember {
+    pub reservation_id: uuid::Uuid,
+    pub user_id: i64,
+    pub bucket: i16,
+}
+
+impl PendingMember {
+    pub fn encode(&self) -> String {
+        format!("{}:{}:{}", self.reservation_id, self.user_id, self.bucket)
+    }
+
+    /// None for a member not in this format (left alone by every reader).
+    pub fn parse(member: &str) -> Option<Self> {
+        let mut parts = member.split(':');
+        let parsed = Self {
+            reservation_id: parts.next()?.parse().ok()?,
+            user_id: parts.next()?.parse().ok()?,
+            bucket: parts.next()?.parse().ok()?,
+        };
+        parts.next().is_none().then_some(parsed)
+    }
+}
+
 #[cfg(test)]
 mod tests {
+    use super::PendingMember;
+
+    #[test]
+    fn a_pending_member_reads_back_what_was_written() {
+        let m = PendingMember {
+            reservation_id: uuid::Uuid::from_u128(7),
+            user_id: 42,
+            bucket: 3,
+        };
+        assert_eq!(PendingMember::parse(&m.encode()), Some(m));
+        assert_eq!(PendingMember::parse("x:1:2"), None);
+        assert_eq!(
+            PendingMember::parse(&format!("{}:1", m.reservation_id)),
+            None
+        );
+        assert_eq!(
+            PendingMember::parse(&format!("{}:1:2:3", m.reservation_id)),
+            None
+        );
+    }
+
     #[test]
     fn keys_share_the_sku_hash_tag() {
         let k = super::SkuKeys::new("seckill", 7, 42);

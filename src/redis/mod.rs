@@ -1,6 +1,7 @@
 //! Redis, the front stage's fast pre-filter: key layout and the stock it is loaded
 //! with. PostgreSQL stays the source of truth; Redis only says "probably yes".
 
+pub mod commands;
 pub mod keys;
 pub mod scripts;
 
@@ -41,10 +42,11 @@ pub async fn timed<T>(
 ) -> Result<T, ::redis::RedisError> {
     let started = std::time::Instant::now();
     let result = call.await;
-    metrics::histogram!("seckill_redis_command_duration_seconds", "command" => command)
+    metrics::histogram!(crate::telemetry::names::REDIS_COMMAND_DURATION_SECONDS, "command" => command)
         .record(started.elapsed().as_secs_f64());
     if result.is_err() {
-        metrics::counter!("seckill_redis_errors_total", "command" => command).increment(1);
+        metrics::counter!(crate::telemetry::names::REDIS_ERRORS_TOTAL, "command" => command)
+            .increment(1);
     }
     result
 }

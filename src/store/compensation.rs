@@ -249,3 +249,8 @@ SET status = 30,
     updated_at = statement_timestamp()
 WHERE status = 10
   AND locked_at < statement_timestamp() - $1::bigint * interval '1 millisecond'";
+
+/// One Redis give-back per reservation, whichever flow asks for it.
+pub fn redis_release_key(reservation_id: Uuid) -> String {
+    format!("REDIS_STOCK_RELEASE:{reservation_id}")
+}

@@ -4,13 +4,18 @@
 
 pub mod activity;
 pub mod compensation;
+mod inbox;
 pub mod invariants;
 pub mod migrate;
 pub mod ops;
 pub mod orders;
 pub mod outbox;
 pub mod payments;
+pub mod reads;
+pub mod reconcile;
+pub mod sqlstate;
 pub mod sweeps;
+pub(crate) mod tx;
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -23,7 +28,8 @@ use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio_postgres::{Client, NoTls, Statement};
 
 use crate::config::DatabaseSettings;
-use crate::domain::outcome::{classify_sqlstate, ErrorClass};
+use crate::domain::outcome::ErrorClass;
+use sqlstate::classify_sqlstate;
 
 /// Set in the transaction of a batch claim (`outbox::claim`, `compensation::claim`:
 /// `ORDER BY` the ready index `FOR UPDATE SKIP LOCKED LIMIT n`) and of the backlog
@@ -34,7 +40,7 @@ use crate::domain::outcome::{classify_sqlstate, ErrorClass};
 /// claim read and sorted all of them (62 ms and a 3.8 MB temporary file at 80,000
 /// events; it runs every second while orders flow). Without bitmap scans, sorts and
 /// sequential scans the index is the way left, at any size and with any statistics
-/// (docs/BENCHMARKS.md, session 8).
+/// (docs/benchmarks-history.md, 2026-12-01, 48bb2c2).
 const INDEX_WALK: &str = "
 SET LOCAL enable_bitmapscan = off;
 SET LOCAL enable_sort = off;
@@ -45,7 +51,7 @@ SET LOCAL enable_seqscan = off";
 /// waiter, but a caller that arrives meanwhile takes it first, and the waiter that
 /// was woken queues again at the back. With 64 buckets' transactions asking for 16
 /// connections, some waited past the 1 s timeout while the mean wait was 0.1–0.2 s
-/// (docs/BENCHMARKS.md, session 13). Here at most `pool_size` callers ask bb8 at once
+/// (docs/benchmarks-history.md, 2026-12-01, c21a6aa). Here at most `pool_size` callers ask bb8 at once
 /// and the others wait in a first-come-first-served queue, all within
 /// `database.acquire_timeout_ms`.
 #[derive(Clone)]
@@ -405,4 +411,9 @@ pub async fn connect(config: &tokio_postgres::Config) -> Result<Client, tokio_po
         }
     });
     Ok(client)
+}
+
+/// A round trip on the connection (readiness).
+pub async fn ping(client: &Client) -> Result<(), tokio_postgres::Error> {
+    client.simple_query("SELECT 1").await.map(|_| ())
 }

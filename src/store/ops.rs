@@ -30,7 +30,7 @@ pub struct Backlog {
 /// every order; counted in full every few seconds, 80,000 waiting events took a
 /// core for 37 ms on a clean table and for hundreds on one just written, in the
 /// middle of the sale, and the orders committed then were the run's slowest
-/// (docs/BENCHMARKS.md, session 24). The oldest age, not the count, is the signal
+/// (docs/benchmarks-history.md, 2026-12-04, d8589e7). The oldest age, not the count, is the signal
 /// to alert on.
 pub const BACKLOG_COUNT_CAP: i64 = 10_000;
 

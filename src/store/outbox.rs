@@ -32,7 +32,7 @@ pub struct Event {
 /// An event's payload as JSON text, serialized once when the event is built: every
 /// order writes one, and building it as a `serde_json::Value` (a map of owned keys
 /// and values, serialized again to be sent and then dropped) was about a tenth of
-/// the engine's CPU (docs/BENCHMARKS.md, session 9).
+/// the engine's CPU (docs/benchmarks-history.md, 2026-12-01, 6434f2a).
 pub type Payload = Box<RawValue>;
 
 /// Serializes an event's payload.
@@ -258,7 +258,7 @@ RETURNING o.event_id, o.tag, o.message_key, o.schema_version, o.payload, o.heade
 /// (custom or generic plan, tables never analyzed) joined the keys' lookup with a
 /// bitmap scan of all of `idx_outbox_stale_sending`, whose entries for rows already
 /// SENT stay until a vacuum: each batch read every event sent before it, and
-/// draining a sale's backlog took quadratic time (docs/BENCHMARKS.md, session 15).
+/// draining a sale's backlog took quadratic time (docs/benchmarks-history.md, 2026-12-01, 8486495).
 const MARK_SENT: &str = "
 UPDATE event_outbox
 SET status = 20,

@@ -8,8 +8,8 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::compensation::{insert_task, NewTask};
-use super::orders::commit;
 use super::outbox::{event_payload, insert_event, Event};
+use super::tx::commit;
 use super::{PgConn, StatementCache, StoreError};
 use crate::domain::payment::{PaymentCallback, PaymentResult};
 use crate::domain::status::{CompensationType, OrderStatus, PaymentStatus};

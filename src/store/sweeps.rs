@@ -6,9 +6,10 @@
 use serde_json::json;
 use uuid::Uuid;
 
+use super::compensation::redis_release_key;
 use super::compensation::{insert_task, NewTask};
-use super::orders::{commit, redis_release_key};
 use super::outbox::{event_payload, insert_event, Event};
+use super::tx::commit;
 use super::{PgConn, StoreError};
 use crate::domain::status::{CompensationType, LedgerType, ReservationStatus};
 

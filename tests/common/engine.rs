@@ -5,10 +5,10 @@
 use std::sync::Arc;
 use std::thread::JoinHandle;
 
-use seckill_engine::actors::intake::IntakeStats;
-use seckill_engine::actors::readiness::Readiness;
 use seckill_engine::config::Settings;
 use seckill_engine::engine::Engine;
+use seckill_engine::status::IntakeStats;
+use seckill_engine::status::Readiness;
 use tokio::sync::oneshot;
 
 pub struct EngineHandle {

@@ -123,8 +123,9 @@ impl TestEnv {
 
     /// Like `new`, with settings overrides (dotted keys, as in the config file).
     pub async fn with(overrides: impl FnOnce(figment::Figment) -> figment::Figment) -> TestEnv {
-        // Logs of the engine under test, filtered by RUST_LOG (default: warnings).
-        seckill_engine::telemetry::init(&base_settings().telemetry);
+        // Logs of the engine under test, into this test's captured output, filtered
+        // by RUST_LOG (default: warnings).
+        seckill_engine::telemetry::init_for_tests();
         let template = template().await;
         let id = Uuid::new_v4().simple().to_string();
         let db_name = format!("seckill_t_{}", &id[..16]);

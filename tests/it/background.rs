@@ -17,11 +17,11 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::ExchangeKind;
-use seckill_engine::actors::maintenance::{Outcome, Service, ServiceError};
-use seckill_engine::actors::outbox_publisher::{OrderLoad, OutboxConfig, OutboxPublisher};
-use seckill_engine::actors::supervisor::{Restarts, Supervisor};
 use seckill_engine::engine::child;
 use seckill_engine::redis::keys::SkuKeys;
+use seckill_engine::services::outbox_publisher::{OrderLoad, OutboxConfig, OutboxPublisher};
+use seckill_engine::services::runner::{Outcome, Service, ServiceError};
+use seckill_engine::services::supervisor::{Restarts, Supervisor};
 use tokio_postgres::Client;
 
 use crate::common::builders::{self, order};
@@ -301,7 +301,7 @@ async fn the_publisher_yields_to_orders_in_flight_until_its_backlog_is_too_old()
         config.clone(),
         Some(load.clone()),
     );
-    let runner = actix::Actor::start(seckill_engine::actors::maintenance::Maintenance::new(
+    let runner = actix::Actor::start(seckill_engine::services::runner::Maintenance::new(
         publisher, None,
     ));
     // One batch, then nothing more while orders are in flight: 25 runs of the
@@ -317,7 +317,7 @@ async fn the_publisher_yields_to_orders_in_flight_until_its_backlog_is_too_old()
     load.0.store(false, Ordering::Relaxed);
     wait_for(&db, sent, 30).await;
     let _ = runner
-        .send(seckill_engine::actors::maintenance::StopChild)
+        .send(seckill_engine::services::supervisor::StopChild)
         .await;
 
     // Busy again, but these events are older than the lag it allows.
@@ -332,12 +332,12 @@ async fn the_publisher_yields_to_orders_in_flight_until_its_backlog_is_too_old()
         },
         Some(load),
     );
-    let runner = actix::Actor::start(seckill_engine::actors::maintenance::Maintenance::new(
+    let runner = actix::Actor::start(seckill_engine::services::runner::Maintenance::new(
         publisher, None,
     ));
     wait_for(&db, sent, 60).await;
     let _ = runner
-        .send(seckill_engine::actors::maintenance::StopChild)
+        .send(seckill_engine::services::supervisor::StopChild)
         .await;
     env.cleanup().await;
 }
@@ -361,7 +361,7 @@ async fn a_publisher_that_died_after_publishing_is_replaced_and_the_event_comes_
     let publisher = seckill_engine::mq::publisher::ConfirmedPublisher::open(&amqp)
         .await
         .unwrap();
-    let results = seckill_engine::actors::outbox_publisher::publish_all(
+    let results = seckill_engine::services::outbox_publisher::publish_all(
         &publisher,
         &env.names.events_exchange(),
         &claimed,
@@ -669,7 +669,7 @@ async fn events_wait_while_the_broker_is_down_and_all_go_out_when_it_returns() {
     };
     let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
     let publisher = OutboxPublisher::new(pool, amqp_settings, config, None);
-    let runner = actix::Actor::start(seckill_engine::actors::maintenance::Maintenance::new(
+    let runner = actix::Actor::start(seckill_engine::services::runner::Maintenance::new(
         publisher, None,
     ));
 
@@ -705,7 +705,7 @@ async fn events_wait_while_the_broker_is_down_and_all_go_out_when_it_returns() {
     )
     .await;
     let _ = runner
-        .send(seckill_engine::actors::maintenance::StopChild)
+        .send(seckill_engine::services::supervisor::StopChild)
         .await;
     assert_eq!(drain_events(&channel, &queue).await.len(), 30);
     assert_eq!(
@@ -717,7 +717,7 @@ async fn events_wait_while_the_broker_is_down_and_all_go_out_when_it_returns() {
 
 #[actix_rt::test]
 async fn redis_give_backs_wait_while_redis_is_down_and_run_once_when_it_returns() {
-    use seckill_engine::actors::compensation_worker::{CompensationConfig, CompensationWorker};
+    use seckill_engine::services::compensation_worker::{CompensationConfig, CompensationWorker};
     use secrecy::ExposeSecret;
     let env = TestEnv::new().await;
     let mut db = env.db().await;
@@ -754,7 +754,7 @@ async fn redis_give_backs_wait_while_redis_is_down_and_run_once_when_it_returns(
     };
     let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
     let worker = CompensationWorker::new(pool, redis_settings, env.settings.amqp.clone(), config);
-    let runner = actix::Actor::start(seckill_engine::actors::maintenance::Maintenance::new(
+    let runner = actix::Actor::start(seckill_engine::services::runner::Maintenance::new(
         worker, None,
     ));
     wait_for(
@@ -786,7 +786,7 @@ async fn redis_give_backs_wait_while_redis_is_down_and_run_once_when_it_returns(
     )
     .await;
     let _ = runner
-        .send(seckill_engine::actors::maintenance::StopChild)
+        .send(seckill_engine::services::supervisor::StopChild)
         .await;
     assert_eq!(
         redis_stocks(&mut redis, &keys, 1).await[0],

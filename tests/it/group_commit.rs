@@ -599,7 +599,7 @@ async fn small_batches_on_fresh_tables_never_scan_them() {
 /// inbox rows by their full key. Joined on (consumer_group, message_id) to the
 /// batch's arrays, the generic plan PostgreSQL froze on the sale's first rows read
 /// every row of the consumer group instead, once per batch: quadratic in the inbox,
-/// and what made a sold-out backlog crawl (docs/BENCHMARKS.md, session 13).
+/// and what made a sold-out backlog crawl (docs/benchmarks-history.md, 2026-12-01, c21a6aa).
 #[tokio::test]
 async fn batches_without_orders_read_the_inbox_by_key() {
     let env = TestEnv::new().await;

@@ -5,8 +5,6 @@ mod common;
 
 mod admin;
 mod background;
-#[cfg(feature = "chaos")]
-mod chaos;
 mod cli;
 mod deploy;
 mod frontstage;

@@ -522,7 +522,7 @@ async fn a_slow_database_stops_the_intake_not_the_broker() {
 /// Orders that arrive while a bucket's transaction runs wait for it to reach the
 /// inventory row and then go together: a transaction started for each of the first
 /// arrivals would only queue behind the running one, one order each, at a
-/// transaction's full price (docs/BENCHMARKS.md, session 12).
+/// transaction's full price (docs/benchmarks-history.md, 2026-12-01, e25e0b5; reverted there, back since c21a6aa).
 #[actix_rt::test]
 async fn orders_arriving_during_a_transaction_go_together() {
     let env = TestEnv::with(|f| {

@@ -7,7 +7,7 @@ use crate::common::{wait_until, TestEnv};
 /// A caller that asks the moment a connection comes back waits behind the callers
 /// already waiting. bb8 alone hands the connection to that newcomer, and the waiter
 /// it woke queues again at the back: under load some waited past the acquire
-/// timeout while the mean wait was 0.1–0.2 s (docs/BENCHMARKS.md, session 13).
+/// timeout while the mean wait was 0.1–0.2 s (docs/benchmarks-history.md, 2026-12-01, c21a6aa).
 #[tokio::test(flavor = "current_thread")]
 async fn the_pool_serves_callers_in_the_order_they_ask() {
     let env = TestEnv::new().await;

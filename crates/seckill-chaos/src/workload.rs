@@ -11,13 +11,13 @@ use rand::seq::SliceRandom;
 use rand::Rng;
 use uuid::Uuid;
 
-use crate::config::AmqpSettings;
-use crate::domain::ids::{IdGenerator, MAX_NODE_ID};
-use crate::domain::message::OrderCreateMessage;
-use crate::domain::payment::PaymentCallback;
-use crate::domain::shard::shard_for;
-use crate::mq::publisher::ConfirmedPublisher;
-use crate::mq::topology::Names;
+use seckill_engine::config::AmqpSettings;
+use seckill_engine::domain::ids::{IdGenerator, MAX_NODE_ID};
+use seckill_engine::domain::message::OrderCreateMessage;
+use seckill_engine::domain::payment::PaymentCallback;
+use seckill_engine::domain::shard::shard_for;
+use seckill_engine::mq::publisher::ConfirmedPublisher;
+use seckill_engine::mq::topology::Names;
 
 /// The shape of a scenario's traffic.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -246,9 +246,10 @@ pub async fn publish(
             }
             _ => {
                 let opened = async {
-                    let conn = crate::mq::connect(settings, "seckill-chaos-publisher").await?;
+                    let conn =
+                        seckill_engine::mq::connect(settings, "seckill-chaos-publisher").await?;
                     let p = ConfirmedPublisher::open(&conn).await?;
-                    Ok::<_, crate::mq::MqError>((conn, p))
+                    Ok::<_, seckill_engine::mq::MqError>((conn, p))
                 };
                 match opened.await {
                     Ok((conn, p)) => {
@@ -271,7 +272,7 @@ pub async fn publish(
                 &m.exchange,
                 &m.routing_key,
                 &m.body,
-                crate::mq::message_properties(&m.message_id),
+                seckill_engine::mq::message_properties(&m.message_id),
             )
         }));
         // A broker that stops answering must not stall the workload forever.
@@ -279,7 +280,7 @@ pub async fn publish(
             Ok(results) => results,
             Err(_) => due
                 .iter()
-                .map(|_| Err(crate::mq::MqError::Nacked))
+                .map(|_| Err(seckill_engine::mq::MqError::Nacked))
                 .collect(),
         };
         let mut all_ok = true;

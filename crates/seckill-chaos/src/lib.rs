@@ -1,4 +1,5 @@
-//! The fault-injection harness (`seckill-engine chaos`, feature `chaos`): runs the
+//! The fault-injection harness (`seckill-chaos`; the engine's failpoints need its
+//! feature `chaos`): runs the
 //! engine as separate processes against private PostgreSQL, RabbitMQ and Redis
 //! instances, drives a workload, injects one kind of fault on a schedule, waits for
 //! everything to drain, and accounts for every message the way Jepsen's queue and bank
@@ -21,10 +22,10 @@ pub use account::Account;
 use cluster::{Cluster, EngineProc};
 use workload::{Plan, Shape};
 
-use crate::config::{self, Settings};
-use crate::store;
+use seckill_engine::config::{self, Settings};
+use seckill_engine::store;
 
-/// `seckill-engine chaos`.
+/// `seckill-chaos`.
 #[derive(Debug, clap::Args)]
 pub struct ChaosArgs {
     /// `short` (a few scenarios, small workloads: CI) or `full` (every scenario).
@@ -39,9 +40,14 @@ pub struct ChaosArgs {
     /// Where the private services keep their data (default: a new temporary dir).
     #[arg(long)]
     pub services_dir: Option<PathBuf>,
-    /// The engine binary (default: this one).
+    /// The engine binary, built with `--features chaos` (default: `seckill-engine`
+    /// next to this executable).
     #[arg(long)]
     pub engine: Option<PathBuf>,
+    /// `scripts/services` of the repository (default: found in the working directory
+    /// or above it).
+    #[arg(long)]
+    pub services_script: Option<PathBuf>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
@@ -259,10 +265,22 @@ pub async fn run(args: &ChaosArgs) -> anyhow::Result<Vec<Account>> {
     };
     let exe = match &args.engine {
         Some(exe) => exe.clone(),
-        None => std::env::current_exe().context("locating the engine binary")?,
+        None => std::env::current_exe()
+            .context("locating the engine binary")?
+            .with_file_name("seckill-engine"),
+    };
+    if !exe.is_file() {
+        anyhow::bail!(
+            "the engine binary {} does not exist; build it with `cargo build --features chaos` or pass --engine",
+            exe.display()
+        );
+    }
+    let script = match &args.services_script {
+        Some(script) => script.clone(),
+        None => cluster::find_services_script()?,
     };
     eprintln!("chaos: starting private services under {}", dir.display());
-    let cluster = Cluster::start(&dir)?;
+    let cluster = Cluster::start(&dir, script)?;
     let mut accounts = Vec::new();
     let mut failure = None;
     for scenario in &selected {
@@ -471,6 +489,7 @@ async fn run_scenario(
 #[derive(Clone)]
 struct ClusterRef {
     dir: PathBuf,
+    script: PathBuf,
     ports: (u16, u16, u16),
 }
 
@@ -478,12 +497,14 @@ impl ClusterRef {
     fn new(c: &Cluster) -> Self {
         Self {
             dir: c.dir.clone(),
+            script: c.script.clone(),
             ports: (c.pg_port, c.amqp_port, c.redis_port),
         }
     }
     fn get(&self) -> Cluster {
         Cluster {
             dir: self.dir.clone(),
+            script: self.script.clone(),
             pg_port: self.ports.0,
             amqp_port: self.ports.1,
             redis_port: self.ports.2,

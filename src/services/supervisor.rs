@@ -9,7 +9,20 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
-use super::maintenance::{ChildFailed, StopChild};
+/// From a child: it stopped and wants to be started again. and wants to be started again.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct ChildFailed {
+    /// The name it was registered under.
+    pub name: String,
+    /// A small fixed label for metrics ("outbox_publisher", "intake", ...).
+    pub kind: &'static str,
+}
+
+/// To a child: stop after the current run. after its current run.
+#[derive(Message)]
+#[rtype(result = "()")]
+pub struct StopChild;
 
 /// Starts a child and returns its stop handle; it reports failure to the recipient.
 pub type ChildFactory = Box<dyn Fn(Recipient<ChildFailed>) -> Recipient<StopChild>>;
@@ -86,7 +99,8 @@ impl Handler<ChildFailed> for Supervisor {
         child.running = None;
         child.restarts += 1;
         let restarts = child.restarts;
-        metrics::counter!("seckill_actor_restarts_total", "actor" => failed.kind).increment(1);
+        metrics::counter!(crate::telemetry::names::ACTOR_RESTARTS_TOTAL, "actor" => failed.kind)
+            .increment(1);
         let delay = self.backoff(restarts);
         tracing::warn!(
             actor = %failed.name,

@@ -10,9 +10,21 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Context};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
-/// The repository root, where `scripts/services` lives.
-fn root() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+/// Finds `scripts/services` at run time: the working directory or the nearest of
+/// its ancestors that holds it (a checkout of the repository; tests run in the crate's
+/// directory below it).
+pub fn find_services_script() -> anyhow::Result<PathBuf> {
+    let cwd = std::env::current_dir().context("reading the working directory")?;
+    for dir in cwd.ancestors() {
+        let script = dir.join("scripts/services");
+        if script.is_file() {
+            return Ok(script);
+        }
+    }
+    bail!(
+        "scripts/services was not found in {} or above it; run from a checkout of the repository or pass --services-script",
+        cwd.display()
+    )
 }
 
 /// A free local port whose RabbitMQ distribution port (port + 20000) is free too.
@@ -34,16 +46,19 @@ pub fn free_port() -> u16 {
 /// Private instances of the three services.
 pub struct Cluster {
     pub dir: PathBuf,
+    /// `scripts/services`, which starts, stops and breaks the instances.
+    pub script: PathBuf,
     pub pg_port: u16,
     pub amqp_port: u16,
     pub redis_port: u16,
 }
 
 impl Cluster {
-    pub fn start(dir: &Path) -> anyhow::Result<Cluster> {
+    pub fn start(dir: &Path, script: PathBuf) -> anyhow::Result<Cluster> {
         std::fs::create_dir_all(dir)?;
         let cluster = Cluster {
             dir: dir.to_owned(),
+            script,
             pg_port: free_port(),
             amqp_port: free_port(),
             redis_port: free_port(),
@@ -64,7 +79,7 @@ impl Cluster {
 
     /// Runs `scripts/services ARGS` against these instances.
     pub fn services(&self, args: &[&str]) -> anyhow::Result<String> {
-        let out = Command::new(root().join("scripts/services"))
+        let out = Command::new(&self.script)
             .args(args)
             .env("SECKILL_SERVICES_DIR", &self.dir)
             .env("SECKILL__DATABASE__URL", self.pg_url("seckill"))

@@ -5,51 +5,15 @@
 //! in RabbitMQ, where another instance may take it) and consume again once it is up.
 
 use std::rc::Rc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use futures_util::future::LocalBoxFuture;
 
-use super::maintenance::{Outcome, Service, ServiceError};
+use super::runner::{Outcome, Service, ServiceError};
 use crate::config::RedisSettings;
+use crate::status::Readiness;
 use crate::store::Pool;
-
-/// The shared answer; starts ready (the engine checked everything while starting).
-/// An operator may also pause intake (admin API); the intakes consume only while
-/// the engine is ready and not paused.
-#[derive(Debug)]
-pub struct Readiness {
-    ready: AtomicBool,
-    paused: AtomicBool,
-}
-
-impl Default for Readiness {
-    fn default() -> Self {
-        Self {
-            ready: AtomicBool::new(true),
-            paused: AtomicBool::new(false),
-        }
-    }
-}
-
-impl Readiness {
-    pub fn is_ready(&self) -> bool {
-        self.ready.load(Ordering::Relaxed)
-    }
-    pub fn is_paused(&self) -> bool {
-        self.paused.load(Ordering::Relaxed)
-    }
-    /// Sets the operator's pause; returns the previous value.
-    pub fn set_paused(&self, paused: bool) -> bool {
-        metrics::gauge!("seckill_intake_paused").set(if paused { 1.0 } else { 0.0 });
-        self.paused.swap(paused, Ordering::Relaxed)
-    }
-    /// Whether the intakes should consume now.
-    pub fn accepting(&self) -> bool {
-        self.is_ready() && !self.is_paused()
-    }
-}
 
 pub struct ReadinessMonitor {
     inner: Rc<Inner>,
@@ -95,7 +59,7 @@ impl Service for ReadinessMonitor {
         Box::pin(async move {
             let postgres = async {
                 let conn = inner.pool.get().await.ok()?;
-                conn.client.simple_query("SELECT 1").await.ok()
+                crate::store::ping(&conn.client).await.ok()
             };
             let postgres_up = matches!(
                 tokio::time::timeout(CHECK_TIMEOUT, postgres).await,
@@ -103,20 +67,15 @@ impl Service for ReadinessMonitor {
             );
             let redis = async {
                 let mut conn = crate::redis::connect(&inner.redis).await.ok()?;
-                crate::redis::timed(
-                    "ping",
-                    ::redis::cmd("PING").query_async::<String>(&mut conn),
-                )
-                .await
-                .ok()
+                crate::redis::commands::ping(&mut conn).await.ok()
             };
             let redis_up = matches!(
                 tokio::time::timeout(CHECK_TIMEOUT, redis).await,
                 Ok(Some(_))
             );
             let ready = postgres_up && redis_up;
-            let was = inner.readiness.ready.swap(ready, Ordering::Relaxed);
-            metrics::gauge!("seckill_ready").set(if ready { 1.0 } else { 0.0 });
+            let was = inner.readiness.set_ready(ready);
+            metrics::gauge!(crate::telemetry::names::READY).set(if ready { 1.0 } else { 0.0 });
             if was != ready {
                 if ready {
                     tracing::info!("dependencies answer again; intakes resume consuming");

@@ -13,6 +13,7 @@ use actix::prelude::*;
 use futures_util::future::LocalBoxFuture;
 use rand::Rng;
 
+use super::supervisor::{ChildFailed, StopChild};
 use crate::mq::MqError;
 use crate::store::StoreError;
 
@@ -30,7 +31,7 @@ pub trait Service: Unpin + 'static {
 /// at most once a quarter lease, so a lease ends within about 1.25 leases. The look
 /// reads every entry of the table's `*_stale_*` index older than the lease, and the
 /// entries of rows that left the leased state stay there until a vacuum: looking on
-/// every run made draining a backlog quadratic (docs/BENCHMARKS.md, session 15).
+/// every run made draining a backlog quadratic (docs/benchmarks-history.md, 2026-12-01, 8486495).
 pub struct LeaseRecovery {
     every: Duration,
     last: Cell<Option<Instant>>,
@@ -109,21 +110,6 @@ impl fmt::Display for Outcome {
     }
 }
 
-/// A supervised child stopped and wants to be started again.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct ChildFailed {
-    /// The name it was registered under.
-    pub name: String,
-    /// A small fixed label for metrics ("outbox_publisher", "intake", ...).
-    pub kind: &'static str,
-}
-
-/// Ask a runner to stop after its current run.
-#[derive(Message)]
-#[rtype(result = "()")]
-pub struct StopChild;
-
 #[derive(Message)]
 #[rtype(result = "()")]
 struct Tick;
@@ -155,7 +141,7 @@ impl<S: Service> Maintenance<S> {
 
     fn record(&mut self, outcome: &Outcome) {
         for (name, n) in &outcome.counts {
-            metrics::counter!("seckill_maintenance_items_total", "service" => S::NAME, "item" => *name)
+            metrics::counter!(crate::telemetry::names::MAINTENANCE_ITEMS_TOTAL, "service" => S::NAME, "item" => *name)
                 .increment(*n);
             match self.totals.iter_mut().find(|(k, _)| k == name) {
                 Some((_, total)) => *total += n,
@@ -189,7 +175,8 @@ impl<S: Service> Handler<Tick> for Maintenance<S> {
             ctx.stop();
             return;
         }
-        metrics::counter!("seckill_maintenance_runs_total", "service" => S::NAME).increment(1);
+        metrics::counter!(crate::telemetry::names::MAINTENANCE_RUNS_TOTAL, "service" => S::NAME)
+            .increment(1);
         // A task of its own, so that a panic is caught as a JoinError instead of
         // taking the arbiter down.
         let run = actix::spawn(self.service.run_once());
@@ -209,7 +196,7 @@ impl<S: Service> Handler<Tick> for Maintenance<S> {
             }
             Ok(Err(e)) => {
                 runner.failures += 1;
-                metrics::counter!("seckill_maintenance_failures_total", "service" => S::NAME)
+                metrics::counter!(crate::telemetry::names::MAINTENANCE_FAILURES_TOTAL, "service" => S::NAME)
                     .increment(1);
                 let delay = failure_backoff(runner.service.interval(), runner.failures);
                 tracing::warn!(service = S::NAME, error = %e, failures = runner.failures, retry_in_ms = delay.as_millis() as u64, "background run failed");

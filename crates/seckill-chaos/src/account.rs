@@ -15,10 +15,10 @@ use uuid::Uuid;
 
 use super::workload::{Kind, Plan, Published};
 use super::{Fault, FaultLog, Profile};
-use crate::config::Settings;
-use crate::mq::topology::{declare_topology, Names};
-use crate::redis::keys::SkuKeys;
-use crate::store::{self, activity, invariants};
+use seckill_engine::config::Settings;
+use seckill_engine::mq::topology::{declare_topology, Names};
+use seckill_engine::redis::keys::SkuKeys;
+use seckill_engine::store::{self, activity, invariants};
 
 /// The queue where the harness collects the outbox events the engine publishes.
 fn events_queue(ns: &str) -> String {
@@ -46,10 +46,10 @@ pub async fn prepare(settings: &Settings, plan: &Plan) -> anyhow::Result<()> {
         },
     )
     .await?;
-    let mut redis = crate::redis::connect(&settings.redis).await?;
+    let mut redis = seckill_engine::redis::connect(&settings.redis).await?;
     let keys = SkuKeys::new(&settings.redis.key_prefix, plan.activity_id, plan.sku_id);
-    crate::redis::load_stock(&mut redis, &keys, &split).await?;
-    let conn = crate::mq::connect(&settings.amqp, "seckill-chaos-setup").await?;
+    seckill_engine::redis::load_stock(&mut redis, &keys, &split).await?;
+    let conn = seckill_engine::mq::connect(&settings.amqp, "seckill-chaos-setup").await?;
     let channel = conn.create_channel().await?;
     declare_topology(&channel, &settings.amqp).await?;
     let names = Names::new(&settings.amqp.namespace);
@@ -73,7 +73,7 @@ pub async fn prepare(settings: &Settings, plan: &Plan) -> anyhow::Result<()> {
             FieldTable::default(),
         )
         .await?;
-    crate::mq::close(&conn, &[&channel]).await;
+    seckill_engine::mq::close(&conn, &[&channel]).await;
     Ok(())
 }
 
@@ -287,7 +287,7 @@ impl Account {
 pub async fn account(i: Inputs<'_>) -> anyhow::Result<Account> {
     let db = client(i.settings).await?;
     let names = Names::new(&i.settings.amqp.namespace);
-    let amqp = crate::mq::connect(&i.settings.amqp, "seckill-chaos-account").await?;
+    let amqp = seckill_engine::mq::connect(&i.settings.amqp, "seckill-chaos-account").await?;
     let channel = amqp.create_channel().await?;
 
     // Dead letters: drained here, so the queues can be checked empty afterwards.
@@ -316,9 +316,11 @@ pub async fn account(i: Inputs<'_>) -> anyhow::Result<Account> {
     }
     let mut left_in_queues = 0;
     for queue in names.order_queues(i.settings.amqp.shards) {
-        left_in_queues += crate::mq::queue_counts(&channel, &queue).await?.messages;
+        left_in_queues += seckill_engine::mq::queue_counts(&channel, &queue)
+            .await?
+            .messages;
     }
-    crate::mq::close(&amqp, &[&channel]).await;
+    seckill_engine::mq::close(&amqp, &[&channel]).await;
 
     let inbox: HashMap<String, DateTime<Utc>> = db
         .query(
@@ -408,7 +410,7 @@ pub async fn account(i: Inputs<'_>) -> anyhow::Result<Account> {
     let events_redelivered = events.values().map(|n| (n - 1) as usize).sum();
 
     let redis_drift = if i.redis_trusted {
-        let mut redis = crate::redis::connect(&i.settings.redis).await?;
+        let mut redis = seckill_engine::redis::connect(&i.settings.redis).await?;
         let keys = SkuKeys::new(
             &i.settings.redis.key_prefix,
             i.plan.activity_id,
@@ -546,7 +548,7 @@ pub fn markdown(accounts: &[Account], profile: Profile) -> String {
     let command: Vec<String> = std::env::args().collect();
     let mut out = format!(
         "# Reliability: the fault-injection account\n\n\
-         Written by `seckill-engine chaos` (cargo feature `chaos`); do not edit by hand.\n\n\
+         Written by `seckill-chaos` (the engine built with its cargo feature `chaos`); do not edit by hand.\n\n\
          - Command: `{}`\n- Date: {}\n- Machine: {cpus} CPUs, {mem_gib:.0} GiB, Linux {}; \
          PostgreSQL, RabbitMQ and Redis private instances started by `scripts/services` on the same machine\n\n\
          Each scenario runs on its own database, namespace and Redis prefix: the harness publishes the \

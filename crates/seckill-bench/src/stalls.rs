@@ -2,7 +2,7 @@
 //! can slow a guest's cores down for tens of milliseconds at a time without the guest
 //! seeing it as steal: the guest's clocks say its threads ran, they just got little
 //! done. Every order in flight then waits, whatever the engine does, so a latency
-//! figure needs that record beside it (docs/BENCHMARKS.md, session 16).
+//! figure needs that record beside it (docs/benchmarks-history.md, 2026-12-02, 86ffe78).
 //!
 //! A probe thread repeats a fixed piece of work (about 50 µs) with a 2 ms sleep
 //! between pieces and times each by its own thread CPU clock. Time the guest gave to

@@ -13,7 +13,7 @@ use futures_util::future::LocalBoxFuture;
 use lapin::BasicProperties;
 use uuid::Uuid;
 
-use super::maintenance::{Outcome, Service, ServiceError};
+use super::runner::{Outcome, Service, ServiceError};
 use crate::config::{AmqpSettings, CompensationSettings, RedisSettings};
 use crate::domain::status::CompensationType;
 use crate::mq::publisher::LazyPublisher;
@@ -163,11 +163,11 @@ impl Inner {
                 }
             }
         }
-        metrics::counter!("seckill_compensation_attempts_total", "result" => "done")
+        metrics::counter!(crate::telemetry::names::COMPENSATION_ATTEMPTS_TOTAL, "result" => "done")
             .increment(done);
-        metrics::counter!("seckill_compensation_attempts_total", "result" => "failed")
+        metrics::counter!(crate::telemetry::names::COMPENSATION_ATTEMPTS_TOTAL, "result" => "failed")
             .increment(failed);
-        metrics::counter!("seckill_compensation_dead_total").increment(dead);
+        metrics::counter!(crate::telemetry::names::COMPENSATION_DEAD_TOTAL).increment(dead);
         Ok(Outcome::default()
             .count("done", done)
             .count("failed", failed)
@@ -193,7 +193,7 @@ impl Inner {
                     self.config.released_marker_ttl_secs,
                 )
                 .await?;
-                metrics::counter!("seckill_redis_give_back_total", "changed" => if changed { "yes" } else { "no" }).increment(1);
+                metrics::counter!(crate::telemetry::names::REDIS_GIVE_BACK_TOTAL, "changed" => if changed { "yes" } else { "no" }).increment(1);
                 Ok(true)
             }
             Some(CompensationType::Refund) => {

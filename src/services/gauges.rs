@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use futures_util::future::LocalBoxFuture;
 
-use super::maintenance::{Outcome, Service, ServiceError};
+use super::runner::{Outcome, Service, ServiceError};
 use crate::config::AmqpSettings;
 use crate::mq::topology::Names;
 use crate::store::{ops, Pool};
@@ -46,24 +46,26 @@ impl GaugeSampler {
 impl Inner {
     fn sample_pool(&self) {
         let state = self.pool.state();
-        metrics::gauge!("seckill_db_pool_connections", "state" => "idle")
+        metrics::gauge!(crate::telemetry::names::DB_POOL_CONNECTIONS, "state" => "idle")
             .set(f64::from(state.idle));
-        metrics::gauge!("seckill_db_pool_connections", "state" => "in_use")
+        metrics::gauge!(crate::telemetry::names::DB_POOL_CONNECTIONS, "state" => "in_use")
             .set(f64::from(state.connections.saturating_sub(state.idle)));
-        metrics::gauge!("seckill_db_pool_waiting").set(state.waiting as f64);
-        metrics::counter!("seckill_db_pool_timeouts_total").absolute(state.timed_out);
+        metrics::gauge!(crate::telemetry::names::DB_POOL_WAITING).set(state.waiting as f64);
+        metrics::counter!(crate::telemetry::names::DB_POOL_TIMEOUTS_TOTAL)
+            .absolute(state.timed_out);
     }
 
     async fn sample_backlog(&self) -> Result<(), ServiceError> {
         let b = ops::backlog(&self.pool).await?;
-        metrics::gauge!("seckill_outbox_pending").set(b.outbox_pending as f64);
-        metrics::gauge!("seckill_outbox_oldest_pending_age_seconds")
+        metrics::gauge!(crate::telemetry::names::OUTBOX_PENDING).set(b.outbox_pending as f64);
+        metrics::gauge!(crate::telemetry::names::OUTBOX_OLDEST_PENDING_AGE_SECONDS)
             .set(b.outbox_oldest_pending_age_seconds);
-        metrics::gauge!("seckill_outbox_dead").set(b.outbox_dead as f64);
-        metrics::gauge!("seckill_compensation_pending").set(b.compensation_pending as f64);
-        metrics::gauge!("seckill_compensation_oldest_pending_age_seconds")
+        metrics::gauge!(crate::telemetry::names::OUTBOX_DEAD).set(b.outbox_dead as f64);
+        metrics::gauge!(crate::telemetry::names::COMPENSATION_PENDING)
+            .set(b.compensation_pending as f64);
+        metrics::gauge!(crate::telemetry::names::COMPENSATION_OLDEST_PENDING_AGE_SECONDS)
             .set(b.compensation_oldest_pending_age_seconds);
-        metrics::gauge!("seckill_compensation_manual_review")
+        metrics::gauge!(crate::telemetry::names::COMPENSATION_MANUAL_REVIEW)
             .set(b.compensation_manual_review as f64);
         Ok(())
     }
@@ -84,8 +86,10 @@ impl Inner {
         for queue in &self.dead_queues {
             let declared = crate::mq::queue_counts(&channel, queue).await;
             match declared {
-                Ok(counts) => metrics::gauge!("seckill_dlq_messages", "queue" => queue.clone())
-                    .set(f64::from(counts.messages)),
+                Ok(counts) => {
+                    metrics::gauge!(crate::telemetry::names::DLQ_MESSAGES, "queue" => queue.clone())
+                        .set(f64::from(counts.messages))
+                }
                 Err(e) => {
                     // A failed passive declare closes the channel; open a new one next run.
                     *self.channel.borrow_mut() = None;

@@ -22,11 +22,11 @@ use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::BasicProperties;
 use uuid::Uuid;
 
-use super::maintenance::{LeaseRecovery, Outcome, Service, ServiceError};
-use crate::actors::intake::IntakeStats;
+use super::runner::{LeaseRecovery, Outcome, Service, ServiceError};
 use crate::config::{AmqpSettings, OutboxSettings};
 use crate::mq;
 use crate::mq::publisher::{ConfirmedPublisher, LazyPublisher};
+use crate::status::IntakeStats;
 use crate::store::outbox::{self, ClaimedEvent};
 use crate::store::Pool;
 
@@ -230,8 +230,8 @@ impl Inner {
         } else {
             0
         };
-        metrics::counter!("seckill_outbox_published_total").increment(sent);
-        metrics::counter!("seckill_outbox_failures_total").increment(failed);
+        metrics::counter!(crate::telemetry::names::OUTBOX_PUBLISHED_TOTAL).increment(sent);
+        metrics::counter!(crate::telemetry::names::OUTBOX_FAILURES_TOTAL).increment(failed);
         Ok(Outcome::default()
             .count("recovered", recovered)
             .count("sent", sent)
@@ -271,7 +271,7 @@ pub async fn publish_all(
             )
             .await
             .map_err(|e| e.to_string());
-        metrics::histogram!("seckill_outbox_publish_duration_seconds")
+        metrics::histogram!(crate::telemetry::names::OUTBOX_PUBLISH_DURATION_SECONDS)
             .record(started.elapsed().as_secs_f64());
         result
     }))

@@ -1,4 +1,4 @@
-//! `seckill-engine bench`: the flash-sale run. Creates an activity, drives the buyers
+//! `seckill-bench`: the flash-sale run. Creates an activity, drives the buyers
 //! (through the HTTP front stage, or straight onto the queue as pre-reserved
 //! messages to measure the engine alone), waits until every reservation is settled in
 //! PostgreSQL, runs the invariant checks and reports what happened. It talks to a
@@ -20,22 +20,21 @@ use rand::Rng;
 use serde::Serialize;
 use uuid::Uuid;
 
-mod cpu;
-mod stalls;
+use crate::{cpu, stalls};
 pub use cpu::CpuUse;
 pub use stalls::HostStalls;
 
-use crate::actors::intake::{IntakeWork, OrderWork};
-use crate::config::Settings;
-use crate::domain::ids::IdGenerator;
-use crate::domain::message::OrderCreateMessage;
-use crate::domain::shard::shard_for;
-use crate::mq::publisher::ConfirmedPublisher;
-use crate::mq::topology::Names;
-use crate::redis::keys::SkuKeys;
-use crate::store::activity::{create_activity, ActivitySpec};
-use crate::store::invariants::run_checks;
-use crate::store::{self, migrate};
+use seckill_engine::actors::intake::{IntakeWork, OrderWork};
+use seckill_engine::config::Settings;
+use seckill_engine::domain::ids::IdGenerator;
+use seckill_engine::domain::message::OrderCreateMessage;
+use seckill_engine::domain::shard::shard_for;
+use seckill_engine::mq::publisher::ConfirmedPublisher;
+use seckill_engine::mq::topology::Names;
+use seckill_engine::redis::keys::SkuKeys;
+use seckill_engine::store::activity::{create_activity, ActivitySpec};
+use seckill_engine::store::invariants::run_checks;
+use seckill_engine::store::{self, migrate};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -92,8 +91,8 @@ pub struct BenchArgs {
     /// several engines, only the one it names is counted.
     #[arg(long)]
     pub metrics_url: Option<String>,
-    /// pgbench clients for the baseline (default: the pool size, the most
-    /// transactions the engine runs at once).
+    /// pgbench clients for the baseline (default: the pool size,
+    /// `database.pool_size`).
     #[arg(long)]
     pub pgbench_clients: Option<u32>,
     /// With --pgbench-seconds: also replay the same work batched, this many orders
@@ -102,6 +101,11 @@ pub struct BenchArgs {
     /// engine.batch_max_size.
     #[arg(long)]
     pub pgbench_batch: Option<u32>,
+    /// Where the pgbench baseline scripts are (`run`, `order_tx.sql`, ...). Default:
+    /// `pgbench/` next to this executable, else `bench/pgbench` under the working
+    /// directory (a checkout of the repository).
+    #[arg(long)]
+    pub pgbench_dir: Option<PathBuf>,
 }
 
 #[derive(Debug, Serialize)]
@@ -206,11 +210,17 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
     let clients = args.pgbench_clients.unwrap_or(settings.database.pool_size);
     let baselines = match args.pgbench_seconds {
         Some(seconds) => {
-            let single = pgbench(&config, args.buckets, clients, seconds, 1)?;
+            let script = pgbench_script(args.pgbench_dir.as_deref())?;
+            let single = pgbench(&script, &config, args.buckets, clients, seconds, 1)?;
             let batched = match args.pgbench_batch {
-                Some(batch) if batch > 1 => {
-                    Some(pgbench(&config, args.buckets, clients, seconds, batch)?)
-                }
+                Some(batch) if batch > 1 => Some(pgbench(
+                    &script,
+                    &config,
+                    args.buckets,
+                    clients,
+                    seconds,
+                    batch,
+                )?),
                 Some(_) => bail!("--pgbench-batch must be at least 2"),
                 None => None,
             };
@@ -236,8 +246,8 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
     };
     let split = create_activity(&mut db, &spec).await?;
     let keys = SkuKeys::new(&settings.redis.key_prefix, activity_id, 1);
-    let mut redis = crate::redis::connect(&settings.redis).await?;
-    crate::redis::load_stock(&mut redis, &keys, &split).await?;
+    let mut redis = seckill_engine::redis::connect(&settings.redis).await?;
+    seckill_engine::redis::load_stock(&mut redis, &keys, &split).await?;
     println!(
         "bench: activity {activity_id}, stock {} over {} buckets, {} buyers, {:.0}% duplicates, mode {:?}, concurrency {}",
         args.stock, args.buckets, args.buyers, args.duplicate_ratio * 100.0, args.mode, args.concurrency
@@ -295,9 +305,12 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
                 )
             };
             (
-                run(crate::actors::bucket::COMMIT_LATENCY, ""),
                 run(
-                    crate::actors::intake::MESSAGE_AGE,
+                    seckill_engine::telemetry::names::ORDER_COMMIT_LATENCY_SECONDS,
+                    "",
+                ),
+                run(
+                    seckill_engine::telemetry::names::INTAKE_MESSAGE_AGE_SECONDS,
                     &kind_labels(<OrderWork as IntakeWork>::KIND),
                 ),
             )
@@ -479,9 +492,41 @@ fn run_latency(before: &[(f64, u64)], after: &[(f64, u64)]) -> Option<RunLatency
     })
 }
 
-/// Runs `bench/pgbench/run` against the engine's PostgreSQL server: (batch,
-/// orders/s, latency ms).
+/// Finds the pgbench baseline's `run` script at run time, so a copied binary can
+/// run its baseline too: the flag, else `pgbench/` beside the executable, else
+/// `bench/pgbench` under the working directory.
+fn pgbench_script(dir: Option<&std::path::Path>) -> anyhow::Result<PathBuf> {
+    let candidates: Vec<PathBuf> = match dir {
+        Some(dir) => vec![dir.to_path_buf()],
+        None => {
+            let mut c = Vec::new();
+            if let Some(exe_dir) = std::env::current_exe()
+                .ok()
+                .and_then(|exe| exe.parent().map(|d| d.to_path_buf()))
+            {
+                c.push(exe_dir.join("pgbench"));
+            }
+            c.push(PathBuf::from("bench/pgbench"));
+            c
+        }
+    };
+    for dir in &candidates {
+        let script = dir.join("run");
+        if script.is_file() {
+            return Ok(script);
+        }
+    }
+    let tried: Vec<String> = candidates.iter().map(|d| d.display().to_string()).collect();
+    bail!(
+        "the pgbench baseline scripts were not found (looked for run in {}); pass --pgbench-dir",
+        tried.join(", ")
+    )
+}
+
+/// Runs the pgbench baseline's `run` script against the engine's PostgreSQL server:
+/// (batch, orders/s, latency ms).
 fn pgbench(
+    script: &std::path::Path,
     config: &tokio_postgres::Config,
     buckets: i16,
     clients: u32,
@@ -494,11 +539,10 @@ fn pgbench(
     };
     let port = config.get_ports().first().copied().unwrap_or(5432);
     let user = config.get_user().unwrap_or("postgres");
-    let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("bench/pgbench/run");
     println!(
         "bench: pgbench baseline, {buckets} buckets, {clients} clients, {batch} orders per transaction, {seconds} s ..."
     );
-    let out = std::process::Command::new(&script)
+    let out = std::process::Command::new(script)
         .args([
             "--buckets",
             &buckets.to_string(),
@@ -609,7 +653,7 @@ async fn drive_http(
 /// backlog run starts its engine after publishing, but worth a word: without an
 /// engine the run only ends at the settle timeout.
 async fn check_order_queues(settings: &Settings, settle_timeout: u64) -> anyhow::Result<()> {
-    let conn = crate::mq::connect(&settings.amqp, "seckill-bench-check")
+    let conn = seckill_engine::mq::connect(&settings.amqp, "seckill-bench-check")
         .await
         .context("connecting to RabbitMQ")?;
     let channel = conn.create_channel().await?;
@@ -618,7 +662,7 @@ async fn check_order_queues(settings: &Settings, settle_timeout: u64) -> anyhow:
     let mut missing = None;
     for shard in 0..settings.amqp.shards {
         let queue = names.order_queue(shard);
-        match crate::mq::queue_counts(&channel, &queue).await {
+        match seckill_engine::mq::queue_counts(&channel, &queue).await {
             Ok(counts) if counts.consumers == 0 => unconsumed.push(queue),
             Ok(_) => {}
             Err(e) => {
@@ -627,7 +671,7 @@ async fn check_order_queues(settings: &Settings, settle_timeout: u64) -> anyhow:
             }
         }
     }
-    crate::mq::close(&conn, &[&channel]).await;
+    seckill_engine::mq::close(&conn, &[&channel]).await;
     if let Some((queue, e)) = missing {
         bail!(
             "the order queue {queue} cannot be used ({e}); start `seckill-engine serve` \
@@ -648,7 +692,7 @@ async fn drive_amqp(
     args: &BenchArgs,
     activity_id: i64,
 ) -> anyhow::Result<(BTreeMap<String, u64>, u64)> {
-    let ids = IdGenerator::new(crate::domain::ids::MAX_NODE_ID - 1);
+    let ids = IdGenerator::new(seckill_engine::domain::ids::MAX_NODE_ID - 1);
     let now = Utc::now();
     let msgs: Vec<OrderCreateMessage> = (1..=i64::from(args.buyers))
         .map(|user| {
@@ -656,7 +700,7 @@ async fn drive_amqp(
             OrderCreateMessage::pre_reserved(
                 order_id,
                 (activity_id, 1, user),
-                crate::redis::scripts::user_bucket(user, args.buckets),
+                seckill_engine::redis::scripts::user_bucket(user, args.buckets),
                 now,
                 now + TimeDelta::hours(1),
             )
@@ -669,7 +713,7 @@ async fn drive_amqp(
     order.extend((0..extra).map(|_| rng.random_range(0..msgs.len())));
     order.shuffle(&mut rng);
 
-    let conn = crate::mq::connect(&settings.amqp, "seckill-bench").await?;
+    let conn = seckill_engine::mq::connect(&settings.amqp, "seckill-bench").await?;
     let publisher = ConfirmedPublisher::open(&conn).await?;
     let names = Names::new(&settings.amqp.namespace);
     let exchange = names.orders_exchange();
@@ -709,7 +753,7 @@ async fn drive_amqp(
                     m.reserved_at = Utc::now();
                     serde_json::to_vec(&m).unwrap_or_default()
                 });
-                let props = crate::mq::message_properties(&m.message_id.to_string());
+                let props = seckill_engine::mq::message_properties(&m.message_id.to_string());
                 match publisher
                     .publish(exchange, &Names::order_routing_key(shard), body, props)
                     .await
@@ -724,7 +768,7 @@ async fn drive_amqp(
         })
         .await;
     bar.finish_and_clear();
-    crate::mq::close(&conn, &[publisher.channel()]).await;
+    seckill_engine::mq::close(&conn, &[publisher.channel()]).await;
     let failed = failures.load(Ordering::Relaxed);
     let mut counts = BTreeMap::new();
     counts.insert("published".to_owned(), (msgs.len() + extra) as u64 - failed);
@@ -744,7 +788,7 @@ const PUBLISH_FAILED: &str = "publish_failed";
 /// With `--rate`, messages are published in bursts this far apart (each burst holds
 /// the messages due in it), not each on its own timer: one wakeup per message cost
 /// the bench, on the same cores as the engine, more CPU than publishing (see
-/// docs/BENCHMARKS.md, session 6). Latency is measured from each message's actual
+/// docs/benchmarks-history.md, 2026-12-01, 1909aa1). Latency is measured from each message's actual
 /// publish, so the rounding adds nothing to it.
 const PACING_TICK: Duration = Duration::from_millis(5);
 

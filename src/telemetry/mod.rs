@@ -1,5 +1,7 @@
 //! Logging (human-readable text or JSON lines, level from `RUST_LOG` or the config)
-//! and the Prometheus metrics recorder.
+//! and the Prometheus metrics recorder; `names` is the metric catalogue.
+
+pub mod names;
 
 use std::sync::OnceLock;
 
@@ -8,7 +10,7 @@ use tracing_subscriber::EnvFilter;
 
 use crate::config::{LogFormat, TelemetrySettings};
 
-/// Installs the global subscriber; a second call (tests) is a no-op.
+/// Installs the global subscriber; a second call is a no-op.
 pub fn init(settings: &TelemetrySettings) {
     let filter = EnvFilter::try_from_default_env()
         .or_else(|_| EnvFilter::try_new(&settings.level))
@@ -20,6 +22,17 @@ pub fn init(settings: &TelemetrySettings) {
         LogFormat::Json => builder.json().flatten_event(true).try_init(),
         LogFormat::Text => builder.try_init(),
     };
+}
+
+/// For tests that run engines in-process: logs go through the test harness's
+/// capture (shown only for a failing test), at WARN unless `RUST_LOG` says
+/// otherwise, so a failure's output is its own. A second call is a no-op.
+pub fn init_for_tests() {
+    let filter = EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_test_writer()
+        .try_init();
 }
 
 /// Histogram buckets for every `*_seconds` metric: explicit buckets, so that the
@@ -52,22 +65,29 @@ pub fn metrics() -> Option<&'static PrometheusHandle> {
                 .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), SECONDS_BUCKETS)
                 .ok()?
                 .set_buckets_for_metric(
-                    Matcher::Full(crate::actors::bucket::COMMIT_LATENCY.into()),
+                    Matcher::Full(names::ORDER_COMMIT_LATENCY_SECONDS.into()),
                     LATENCY_BUCKETS,
                 )
                 .ok()?
                 .set_buckets_for_metric(
-                    Matcher::Full(crate::actors::intake::MESSAGE_AGE.into()),
+                    Matcher::Full(names::INTAKE_MESSAGE_AGE_SECONDS.into()),
                     LATENCY_BUCKETS,
                 )
                 .ok()?
                 .set_buckets_for_metric(
-                    Matcher::Full(crate::actors::bucket::BATCH_SIZE.into()),
+                    Matcher::Full(names::ORDER_BATCH_SIZE.into()),
                     BATCH_SIZE_BUCKETS,
                 )
                 .ok()?;
             let handle = builder.install_recorder().ok()?;
-            metrics::gauge!("seckill_build_info", "version" => env!("CARGO_PKG_VERSION")).set(1.0);
+            for m in names::CATALOGUE {
+                match m.kind {
+                    names::Kind::Counter => metrics::describe_counter!(m.name, m.help),
+                    names::Kind::Gauge => metrics::describe_gauge!(m.name, m.help),
+                    names::Kind::Histogram => metrics::describe_histogram!(m.name, m.help),
+                }
+            }
+            metrics::gauge!(names::BUILD_INFO, "version" => env!("CARGO_PKG_VERSION")).set(1.0);
             Some(handle)
         })
         .as_ref()

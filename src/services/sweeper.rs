@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use futures_util::future::LocalBoxFuture;
 
-use super::maintenance::{LeaseRecovery, Outcome, Service, ServiceError};
+use super::runner::{LeaseRecovery, Outcome, Service, ServiceError};
 use crate::config::{CompensationSettings, SweeperSettings};
 use crate::domain::ids::IdGenerator;
 use crate::store::{compensation, sweeps, Pool};
@@ -86,7 +86,7 @@ impl Service for Sweeper {
             } else {
                 0
             };
-            metrics::counter!("seckill_orders_cancelled_total").increment(cancelled);
+            metrics::counter!(crate::telemetry::names::ORDERS_CANCELLED_TOTAL).increment(cancelled);
             Ok(Outcome::default()
                 .count("cancelled", cancelled)
                 .count("tasks_recovered", recovered)

@@ -1,0 +1,229 @@
+//! `seckill-bench` against in-process engines: both paths sell out with clean
+//! invariants; the amqp path refuses a missing queue and waits only for what the
+//! broker took.
+
+#[path = "../../../tests/common/mod.rs"]
+mod common;
+
+use std::process::Command;
+
+use secrecy::ExposeSecret;
+
+fn bench_cmd() -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_seckill-bench"));
+    cmd.env("RUST_LOG", "warn");
+    cmd
+}
+
+struct Output {
+    ok: bool,
+    text: String,
+}
+
+fn run(cmd: &mut Command) -> Output {
+    let out = cmd.output().expect("run seckill-bench");
+    Output {
+        ok: out.status.success(),
+        text: format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        ),
+    }
+}
+
+fn env_of<'a>(cmd: &'a mut Command, env: &crate::common::TestEnv) -> &'a mut Command {
+    cmd.env(
+        "SECKILL__DATABASE__URL",
+        env.settings.database.url.expose_secret(),
+    )
+    .env("SECKILL__AMQP__NAMESPACE", &env.settings.amqp.namespace)
+    .env("SECKILL__REDIS__KEY_PREFIX", &env.settings.redis.key_prefix)
+    .env("SECKILL__HTTP__ADDR", "127.0.0.1:0")
+    .env("SECKILL__ADMIN__ADDR", "127.0.0.1:0")
+    .env(
+        "SECKILL__AMQP__RETRY_DELAY_MS",
+        env.settings.amqp.retry_delay_ms.to_string(),
+    )
+}
+
+#[actix_rt::test]
+async fn bench_sells_out_through_both_paths_with_clean_invariants() {
+    let env = crate::common::TestEnv::new().await;
+    let running_engine = crate::common::engine::EngineHandle::start(&env.settings).await;
+    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
+    let running = seckill_engine::http::front::start(&env.settings, pool)
+        .await
+        .unwrap();
+    let handle = running.server.handle();
+    actix_rt::spawn(running.server);
+    let dir = std::env::temp_dir().join(format!("seckill-bench-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+
+    for (mode, activity) in [("http", "61"), ("amqp", "62")] {
+        let json = dir.join(format!("{mode}.json"));
+        let mut cmd = bench_cmd();
+        env_of(&mut cmd, &env).args([
+            "--mode",
+            mode,
+            "--activity",
+            activity,
+            "--stock",
+            "60",
+            "--buckets",
+            "4",
+            "--buyers",
+            "400",
+            "--duplicate-ratio",
+            "0.2",
+            "--concurrency",
+            "16",
+            "--url",
+        ]);
+        cmd.arg(format!("http://{}", running.addr))
+            .arg("--json")
+            .arg(&json);
+        let out = tokio::task::spawn_blocking(move || run(&mut cmd))
+            .await
+            .unwrap();
+        assert!(out.ok, "{mode}: {}", out.text);
+        assert!(out.text.contains("result: PASS"), "{}", out.text);
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        assert_eq!(report["sold"], 60, "{mode}: {report}");
+        assert_eq!(report["oversold"], 0);
+        assert!(report["checks"]
+            .as_object()
+            .unwrap()
+            .values()
+            .all(|v| v == 0));
+        // The host probe ran through the drive, and its stalls were set beside the
+        // orders' times.
+        let stalls = &report["host_stalls"];
+        assert!(stalls["probes"].as_u64().unwrap() > 0, "{mode}: {report}");
+        assert_eq!(
+            stalls["stalls"].as_u64().unwrap(),
+            stalls["windows"].as_array().unwrap().len() as u64
+        );
+        let slow = &report["slow_orders"];
+        assert!(
+            slow["in_host_stalls"].as_i64().unwrap() <= slow["over_50ms"].as_i64().unwrap(),
+            "{mode}: {report}"
+        );
+    }
+    handle.stop(true).await;
+    running_engine.stop().await;
+    std::fs::remove_dir_all(dir).unwrap();
+    env.cleanup().await;
+}
+
+#[tokio::test]
+async fn bench_amqp_checks_its_queues_and_waits_only_for_what_the_broker_took() {
+    let env = crate::common::TestEnv::new().await;
+    let bench = |activity: &str, settle_timeout: &str| {
+        let mut cmd = bench_cmd();
+        env_of(&mut cmd, &env).args([
+            "--mode",
+            "amqp",
+            "--activity",
+            activity,
+            "--stock",
+            "5",
+            "--buckets",
+            "1",
+            "--buyers",
+            "5",
+            "--duplicate-ratio",
+            "0",
+            "--settle-timeout",
+            settle_timeout,
+        ]);
+        cmd
+    };
+    let queue = env.names.order_queue(0);
+    let activity_exists = |activity: i64| {
+        let env = &env;
+        async move {
+            env.db()
+                .await
+                .query_one(
+                    "SELECT count(*) FROM seckill_activity WHERE activity_id = $1",
+                    &[&activity],
+                )
+                .await
+                .unwrap()
+                .get::<_, i64>(0)
+                == 1
+        }
+    };
+
+    // No engine has declared this namespace's queues: refused before anything is
+    // created or published.
+    let mut cmd = bench("71", "1");
+    let out = tokio::task::spawn_blocking(move || run(&mut cmd))
+        .await
+        .unwrap();
+    assert!(!out.ok, "{}", out.text);
+    assert!(
+        out.text
+            .contains(&format!("the order queue {queue} cannot be used")),
+        "{}",
+        out.text
+    );
+    assert!(out.text.contains("seckill-engine serve"), "{}", out.text);
+    assert!(!activity_exists(71).await);
+
+    // Declared but consumed by nothing: the run goes ahead and says what it waits for.
+    let amqp = env.amqp().await;
+    let channel = amqp.create_channel().await.unwrap();
+    seckill_engine::mq::topology::declare_topology(&channel, &env.settings.amqp)
+        .await
+        .unwrap();
+    let mut cmd = bench("72", "1");
+    let out = tokio::task::spawn_blocking(move || run(&mut cmd))
+        .await
+        .unwrap();
+    assert!(
+        out.text.contains(&format!("nothing consumes {queue} yet")),
+        "{}",
+        out.text
+    );
+    assert!(
+        out.text.contains("only 0 of 5 reservations settled"),
+        "{}",
+        out.text
+    );
+    assert!(activity_exists(72).await);
+    // The messages wait for an engine.
+    assert!(env.wait_ready_count(&channel, &queue, 5).await);
+
+    // A queue nothing is routed to: the broker returns every message, the run waits
+    // for none of them and fails. (Without counting them out, it waited its whole
+    // settle timeout.)
+    channel
+        .queue_unbind(
+            queue.as_str().into(),
+            env.names.orders_exchange().as_str().into(),
+            seckill_engine::mq::topology::Names::order_routing_key(0)
+                .as_str()
+                .into(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .unwrap();
+    let mut cmd = bench("73", "60");
+    let started = std::time::Instant::now();
+    let out = tokio::task::spawn_blocking(move || run(&mut cmd))
+        .await
+        .unwrap();
+    assert!(!out.ok, "{}", out.text);
+    assert!(out.text.contains("publish_failed"), "{}", out.text);
+    assert!(out.text.contains("result: FAIL"), "{}", out.text);
+    assert!(
+        started.elapsed() < std::time::Duration::from_secs(60),
+        "{}",
+        out.text
+    );
+    seckill_engine::mq::close(&amqp, &[&channel]).await;
+    env.cleanup().await;
+}

@@ -1,0 +1,120 @@
+//! The plain Redis commands the engine sends (the scripts are in `scripts.rs`): each
+//! one timed under its command name, keys from `keys.rs`, pending members read by
+//! one parser.
+
+use ::redis::aio::MultiplexedConnection;
+use ::redis::RedisError;
+
+use super::keys::{PendingMember, SkuKeys};
+use super::timed;
+
+/// `PING`: the connection answers.
+pub async fn ping(conn: &mut MultiplexedConnection) -> Result<(), RedisError> {
+    timed("ping", ::redis::cmd("PING").query_async::<String>(conn))
+        .await
+        .map(|_| ())
+}
+
+/// Up to `limit` pending reservations whose expiry (ms since the epoch) is at most
+/// `due_ms`, each with its raw member (to remove it exactly as stored). Members not in
+/// the pending format are skipped.
+pub async fn due_pending(
+    conn: &mut MultiplexedConnection,
+    keys: &SkuKeys,
+    due_ms: i64,
+    limit: usize,
+) -> Result<(Vec<(PendingMember, String)>, usize), RedisError> {
+    let mut due = ::redis::cmd("ZRANGEBYSCORE");
+    due.arg(keys.pending())
+        .arg("-inf")
+        .arg(due_ms)
+        .arg("LIMIT")
+        .arg(0)
+        .arg(limit);
+    let members: Vec<String> = timed("zrangebyscore", due.query_async(conn)).await?;
+    let read = members.len();
+    let parsed = members
+        .into_iter()
+        .filter_map(|m| PendingMember::parse(&m).map(|p| (p, m)))
+        .collect();
+    Ok((parsed, read))
+}
+
+/// Every pending reservation of a SKU.
+pub async fn all_pending(
+    conn: &mut MultiplexedConnection,
+    keys: &SkuKeys,
+) -> Result<Vec<PendingMember>, RedisError> {
+    let mut all = ::redis::cmd("ZRANGE");
+    all.arg(keys.pending()).arg(0).arg(-1);
+    let members: Vec<String> = timed("zrange", all.query_async(conn)).await?;
+    Ok(members
+        .iter()
+        .filter_map(|m| PendingMember::parse(m))
+        .collect())
+}
+
+/// Forgets one pending member (PostgreSQL has its reservation).
+pub async fn forget_pending(
+    conn: &mut MultiplexedConnection,
+    keys: &SkuKeys,
+    member: &str,
+) -> Result<(), RedisError> {
+    let mut forget = ::redis::cmd("ZREM");
+    forget.arg(keys.pending()).arg(member);
+    timed("zrem", forget.query_async(conn)).await
+}
+
+/// The units left in one bucket; a missing key is 0.
+pub async fn bucket_stock(
+    conn: &mut MultiplexedConnection,
+    keys: &SkuKeys,
+    bucket: i16,
+) -> Result<i64, RedisError> {
+    let mut get = ::redis::cmd("GET");
+    get.arg(keys.stock(bucket));
+    let stock: Option<i64> = timed("get", get.query_async(conn)).await?;
+    Ok(stock.unwrap_or(0))
+}
+
+/// Forgets the stored answer of a reservation request (its reservation was given
+/// back, so a retry must reserve anew).
+pub async fn forget_request(
+    conn: &mut MultiplexedConnection,
+    keys: &SkuKeys,
+    request_id: &uuid::Uuid,
+) -> Result<(), RedisError> {
+    let mut forget = ::redis::cmd("DEL");
+    forget.arg(keys.request(request_id));
+    timed("del", forget.query_async(conn)).await
+}
+
+/// Marks a reservation's message as queued for `ttl_ms`, so the status query can
+/// tell a queued reservation from an unknown one.
+pub async fn mark_queued(
+    conn: &mut MultiplexedConnection,
+    prefix: &str,
+    reservation_id: &uuid::Uuid,
+    activity_id: i64,
+    sku_id: i64,
+    ttl_ms: i64,
+) -> Result<(), RedisError> {
+    let mut mark = ::redis::cmd("SET");
+    mark.arg(SkuKeys::queued(prefix, reservation_id))
+        .arg(format!("{activity_id}:{sku_id}"))
+        .arg("PX")
+        .arg(ttl_ms);
+    timed("set", mark.query_async(conn)).await
+}
+
+/// Whether a reservation's message was marked as queued.
+pub async fn is_queued(
+    conn: &mut MultiplexedConnection,
+    prefix: &str,
+    reservation_id: &uuid::Uuid,
+) -> Result<bool, RedisError> {
+    let mut lookup = ::redis::cmd("GET");
+    lookup.arg(SkuKeys::queued(prefix, reservation_id));
+    let queued: Option<String> = timed("get", lookup.query_async(conn)).await?;
+    Ok(queued.is_some())
+}

@@ -1,0 +1,115 @@
+//! The front stage's reads: what a reservation needs to know of its SKU, and the
+//! status of a reservation or an order. Plain reads, no transaction.
+
+use chrono::{DateTime, Utc};
+use tokio_postgres::Client;
+use uuid::Uuid;
+
+/// A SKU as the front stage sells it.
+#[derive(Debug, Clone)]
+pub struct SkuInfo {
+    pub buckets: i16,
+    pub unit_price: i64,
+    pub currency: String,
+    pub order_ttl_ms: i64,
+    pub start_at: DateTime<Utc>,
+    pub end_at: DateTime<Utc>,
+}
+
+pub async fn load_sku(
+    client: &Client,
+    activity_id: i64,
+    sku_id: i64,
+) -> Result<Option<SkuInfo>, tokio_postgres::Error> {
+    Ok(client
+        .query_opt(LOAD_SKU, &[&activity_id, &sku_id])
+        .await?
+        .map(|row| SkuInfo {
+            buckets: row.get(0),
+            unit_price: row.get(1),
+            currency: row.get(2),
+            order_ttl_ms: row.get(3),
+            start_at: row.get(4),
+            end_at: row.get(5),
+        }))
+}
+
+/// A reservation PostgreSQL has seen, with its order if it has one.
+#[derive(Debug, Clone)]
+pub struct ReservationView {
+    pub status: i16,
+    pub failure_code: Option<String>,
+    pub order_id: Option<i64>,
+    pub order_no: Option<String>,
+    pub expire_at: Option<DateTime<Utc>>,
+}
+
+pub async fn load_reservation(
+    client: &Client,
+    reservation_id: Uuid,
+) -> Result<Option<ReservationView>, tokio_postgres::Error> {
+    Ok(client
+        .query_opt(LOAD_RESERVATION, &[&reservation_id])
+        .await?
+        .map(|row| ReservationView {
+            status: row.get(0),
+            failure_code: row.get(1),
+            order_id: row.get(2),
+            order_no: row.get(3),
+            expire_at: row.get(4),
+        }))
+}
+
+/// An order as its buyer sees it.
+#[derive(Debug, Clone)]
+pub struct OrderView {
+    pub order_no: String,
+    pub status: i16,
+    pub activity_id: i64,
+    pub sku_id: i64,
+    pub user_id: i64,
+    pub total_amount: i64,
+    pub currency: String,
+    pub expire_at: DateTime<Utc>,
+    pub paid_at: Option<DateTime<Utc>>,
+    pub cancelled_at: Option<DateTime<Utc>>,
+}
+
+pub async fn load_order(
+    client: &Client,
+    order_id: i64,
+) -> Result<Option<OrderView>, tokio_postgres::Error> {
+    Ok(client
+        .query_opt(LOAD_ORDER, &[&order_id])
+        .await?
+        .map(|row| OrderView {
+            order_no: row.get(0),
+            status: row.get(1),
+            activity_id: row.get(2),
+            sku_id: row.get(3),
+            user_id: row.get(4),
+            total_amount: row.get(5),
+            currency: row.get(6),
+            expire_at: row.get(7),
+            paid_at: row.get(8),
+            cancelled_at: row.get(9),
+        }))
+}
+
+const LOAD_SKU: &str = "
+SELECT s.inventory_bucket_count, s.unit_price, s.currency,
+       coalesce((a.rules->>'order_ttl_ms')::bigint, 900000), a.start_at, a.end_at
+FROM seckill_sku AS s
+JOIN seckill_activity AS a ON a.activity_id = s.activity_id
+WHERE s.activity_id = $1 AND s.sku_id = $2";
+
+const LOAD_RESERVATION: &str = "
+SELECT r.status, r.failure_code, r.order_id, o.order_no, o.expire_at
+FROM inventory_reservation AS r
+LEFT JOIN orders AS o ON o.order_id = r.order_id
+WHERE r.reservation_id = $1";
+
+const LOAD_ORDER: &str = "
+SELECT order_no, status, activity_id, sku_id, user_id, total_amount, currency, expire_at,
+       paid_at, cancelled_at
+FROM orders WHERE order_id = $1";

@@ -1,0 +1,81 @@
+//! The SQLSTATE table: which PostgreSQL errors are worth retrying (and how) and
+//! which mean the message does not fit the data. Every database error the engine
+//! classifies goes through here.
+
+use crate::domain::outcome::ErrorClass;
+
+/// Classifies a PostgreSQL SQLSTATE of an error raised before or at COMMIT.
+pub fn classify_sqlstate(code: &str) -> ErrorClass {
+    match code {
+        "40001" => ErrorClass::Transient("serialization_failure"),
+        "40P01" => ErrorClass::Transient("deadlock"),
+        "55P03" => ErrorClass::Transient("lock_timeout"),
+        "57014" => ErrorClass::Transient("statement_timeout"),
+        "25P04" => ErrorClass::Transient("idle_session_timeout"),
+        // admin_shutdown, crash_shutdown, cannot_connect_now, database_dropped
+        "57P01" | "57P02" | "57P03" | "57P04" => ErrorClass::Transient("server_shutdown"),
+        c if c.starts_with("08") => ErrorClass::Transient("connection"),
+        // insufficient resources (too many connections, out of memory, disk full)
+        c if c.starts_with("53") => ErrorClass::Transient("insufficient_resources"),
+        c if c.starts_with("58") => ErrorClass::Transient("system_error"),
+        // Integrity and data errors mean the message does not fit the data; retrying
+        // would fail the same way forever.
+        c if c.starts_with("23") || c.starts_with("22") => {
+            ErrorClass::Fatal(format!("database rejected the data (SQLSTATE {c})"))
+        }
+        // Anything else (a bug in our SQL, a missing relation during a bad deploy) is
+        // retried with delay and dead-lettered after amqp.max_retries.
+        _ => ErrorClass::Transient("database_error"),
+    }
+}
+
+/// Whether a whole-transaction retry inside the engine is worth it (seed
+/// `isWholeTransactionRetryable`): only for serialization failures and deadlocks.
+pub fn retry_in_place(code: &str) -> bool {
+    matches!(code, "40001" | "40P01")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::domain::outcome::{disposition, Disposition, OrderOutcome};
+
+    #[test]
+    fn sqlstates_that_retry() {
+        for (code, reason) in [
+            ("40001", "serialization_failure"),
+            ("40P01", "deadlock"),
+            ("55P03", "lock_timeout"),
+            ("57014", "statement_timeout"),
+            ("57P01", "server_shutdown"),
+            ("08006", "connection"),
+            ("53300", "insufficient_resources"),
+        ] {
+            assert_eq!(
+                classify_sqlstate(code),
+                ErrorClass::Transient(reason),
+                "{code}"
+            );
+            assert_eq!(
+                disposition::<OrderOutcome>(Err(&classify_sqlstate(code))),
+                Disposition::Retry { reason }
+            );
+        }
+        assert!(retry_in_place("40001") && retry_in_place("40P01"));
+        assert!(!retry_in_place("55P03") && !retry_in_place("23505"));
+    }
+
+    #[test]
+    fn data_errors_dead_letter() {
+        for code in ["23514", "23505", "22003"] {
+            assert!(
+                matches!(classify_sqlstate(code), ErrorClass::Fatal(_)),
+                "{code}"
+            );
+            assert!(matches!(
+                disposition::<OrderOutcome>(Err(&classify_sqlstate(code))),
+                Disposition::DeadLetter { .. }
+            ));
+        }
+    }
+}

@@ -1,0 +1,30 @@
+//! COMMIT and what its failure means: a COMMIT refused for a reason of the
+//! transaction itself did not commit; any other failure leaves the outcome unknown
+//! (seed §7.5). The order flow, payments and sweeps commit through here, so none of
+//! them imports another's module for it.
+
+use tokio_postgres::Transaction;
+
+use super::StoreError;
+
+/// A COMMIT refused for a reason of the transaction itself (serialization, a
+/// deferred constraint, a data error, an aborted transaction) did not commit. Any
+/// other failure may have committed (§7.5): no answer at all, and also an answer
+/// like `57P01` from a backend terminated *while* committing, which PostgreSQL sends
+/// after the commit record may already be durable.
+pub(crate) async fn commit(tx: Transaction<'_>) -> Result<(), StoreError> {
+    tx.commit().await.map_err(commit_failed)
+}
+
+/// Whether a failed COMMIT may have committed (see `commit`).
+pub(super) fn commit_failed(e: tokio_postgres::Error) -> StoreError {
+    let rolled_back = e.code().is_some_and(|c| {
+        let c = c.code();
+        c.starts_with("40") || c.starts_with("23") || c.starts_with("22") || c.starts_with("25")
+    });
+    if rolled_back {
+        StoreError::Db(e)
+    } else {
+        StoreError::CommitOutcomeUnknown(e)
+    }
+}

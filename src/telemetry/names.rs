@@ -1,0 +1,207 @@
+//! The metric catalogue: every metric the engine exports, by one constant each, with
+//! its kind and help text. Names carry their base unit (`_seconds`, `_total` for
+//! counters); labels are bounded sets (never a user or message id). The recorder
+//! registers the help texts (`describe`), and docs/OPERATIONS.md lists the same
+//! names (a test compares them).
+
+/// What kind of series a metric is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Kind {
+    Counter,
+    Gauge,
+    Histogram,
+}
+
+/// One entry of the catalogue.
+#[derive(Debug, Clone, Copy)]
+pub struct Metric {
+    pub name: &'static str,
+    pub kind: Kind,
+    pub help: &'static str,
+}
+
+/// Children the supervisor restarted after a failure, by `actor`.
+pub const ACTOR_RESTARTS_TOTAL: &str = "seckill_actor_restarts_total";
+/// Operator API actions taken, by `action`.
+pub const ADMIN_ACTIONS_TOTAL: &str = "seckill_admin_actions_total";
+/// Always 1; the `version` label names the running build.
+pub const BUILD_INFO: &str = "seckill_build_info";
+/// Order transactions whose COMMIT outcome was unknown (sent back for a redelivery the inbox answers).
+pub const COMMIT_UNKNOWN_TOTAL: &str = "seckill_commit_unknown_total";
+/// Compensation task attempts, by `result` (`done`, `failed`).
+pub const COMPENSATION_ATTEMPTS_TOTAL: &str = "seckill_compensation_attempts_total";
+/// Compensation tasks that ran out of attempts.
+pub const COMPENSATION_DEAD_TOTAL: &str = "seckill_compensation_dead_total";
+/// Compensation tasks waiting for an operator.
+pub const COMPENSATION_MANUAL_REVIEW: &str = "seckill_compensation_manual_review";
+/// Age of the oldest pending compensation task.
+pub const COMPENSATION_OLDEST_PENDING_AGE_SECONDS: &str =
+    "seckill_compensation_oldest_pending_age_seconds";
+/// Pending compensation tasks (counted up to 10,000).
+pub const COMPENSATION_PENDING: &str = "seckill_compensation_pending";
+/// Time an intake waited for a database permit.
+pub const DB_PERMIT_WAIT_SECONDS: &str = "seckill_db_permit_wait_seconds";
+/// Database permits free right now.
+pub const DB_PERMITS_AVAILABLE: &str = "seckill_db_permits_available";
+/// Database permits in all (the bound on work in flight).
+pub const DB_PERMITS_CAPACITY: &str = "seckill_db_permits_capacity";
+/// Time an order transaction waited for a pooled connection.
+pub const DB_POOL_ACQUIRE_SECONDS: &str = "seckill_db_pool_acquire_seconds";
+/// Pooled PostgreSQL connections, by `state` (`idle`, `in_use`).
+pub const DB_POOL_CONNECTIONS: &str = "seckill_db_pool_connections";
+/// Pool checkouts that timed out.
+pub const DB_POOL_TIMEOUTS_TOTAL: &str = "seckill_db_pool_timeouts_total";
+/// Callers waiting for a pooled connection.
+pub const DB_POOL_WAITING: &str = "seckill_db_pool_waiting";
+/// Deliveries sent to the dead-letter queue, by `kind` of reason.
+pub const DEAD_LETTERED_TOTAL: &str = "seckill_dead_lettered_total";
+/// Messages in a dead-letter queue, by `queue`.
+pub const DLQ_MESSAGES: &str = "seckill_dlq_messages";
+/// Redeliveries whose body differs from the one the inbox recorded for that message id.
+pub const INBOX_PAYLOAD_MISMATCH_TOTAL: &str = "seckill_inbox_payload_mismatch_total";
+/// Ack frames sent to RabbitMQ (contiguous acks are merged into one).
+pub const INTAKE_ACK_FRAMES_TOTAL: &str = "seckill_intake_ack_frames_total";
+/// Deliveries that could not be decoded or validated, by `kind`.
+pub const INTAKE_DECODE_ERRORS_TOTAL: &str = "seckill_intake_decode_errors_total";
+/// Deliveries taken from the queues and not yet settled.
+pub const INTAKE_IN_FLIGHT: &str = "seckill_intake_in_flight";
+/// Age of a delivery when the intake took it (publish to intake), by `kind` of queue.
+pub const INTAKE_MESSAGE_AGE_SECONDS: &str = "seckill_intake_message_age_seconds";
+/// Deliveries taken from the queues, by `kind` of queue.
+pub const INTAKE_MESSAGES_TOTAL: &str = "seckill_intake_messages_total";
+/// 1 while an operator has paused intake (admin API), else 0.
+pub const INTAKE_PAUSED: &str = "seckill_intake_paused";
+/// Live per-key actors, by `kind` (`bucket`, `reservation`).
+pub const LIVE_ACTORS: &str = "seckill_live_actors";
+/// Messages waiting in actors' mailboxes, by `kind`.
+pub const MAILBOX_DEPTH: &str = "seckill_mailbox_depth";
+/// The deepest mailbox of a kind of actor, by `kind`.
+pub const MAILBOX_DEPTH_MAX: &str = "seckill_mailbox_depth_max";
+/// Failed runs of a background service, by `service`.
+pub const MAINTENANCE_FAILURES_TOTAL: &str = "seckill_maintenance_failures_total";
+/// Items a background service handled, by `service` and `item`.
+pub const MAINTENANCE_ITEMS_TOTAL: &str = "seckill_maintenance_items_total";
+/// Runs of a background service, by `service`.
+pub const MAINTENANCE_RUNS_TOTAL: &str = "seckill_maintenance_runs_total";
+/// Orders in one order transaction (group commit).
+pub const ORDER_BATCH_SIZE: &str = "seckill_order_batch_size";
+/// Time from the reservation to the order's COMMIT.
+pub const ORDER_COMMIT_LATENCY_SECONDS: &str = "seckill_order_commit_latency_seconds";
+/// Order deliveries sent to the delayed-retry queue, by `reason`.
+pub const ORDER_RETRIES_TOTAL: &str = "seckill_order_retries_total";
+/// Duration of an order transaction, by `outcome`.
+pub const ORDER_TX_DURATION_SECONDS: &str = "seckill_order_tx_duration_seconds";
+/// Order transactions redone in place, by `reason` (`speculation`, `in_place`).
+pub const ORDER_TX_RETRIES_TOTAL: &str = "seckill_order_tx_retries_total";
+/// Time an order transaction waited for one of the `engine.order_transactions` slots.
+pub const ORDER_TX_SLOT_WAIT_SECONDS: &str = "seckill_order_tx_slot_wait_seconds";
+/// Unpaid orders cancelled by the sweeper after their TTL.
+pub const ORDERS_CANCELLED_TOTAL: &str = "seckill_orders_cancelled_total";
+/// Order messages settled, by `outcome`.
+pub const ORDERS_TOTAL: &str = "seckill_orders_total";
+/// Outbox events that ran out of publish attempts.
+pub const OUTBOX_DEAD: &str = "seckill_outbox_dead";
+/// Outbox publish attempts that failed.
+pub const OUTBOX_FAILURES_TOTAL: &str = "seckill_outbox_failures_total";
+/// Age of the oldest unpublished outbox event.
+pub const OUTBOX_OLDEST_PENDING_AGE_SECONDS: &str = "seckill_outbox_oldest_pending_age_seconds";
+/// Unpublished outbox events (counted up to 10,000).
+pub const OUTBOX_PENDING: &str = "seckill_outbox_pending";
+/// Duration of one outbox publish batch, confirms included.
+pub const OUTBOX_PUBLISH_DURATION_SECONDS: &str = "seckill_outbox_publish_duration_seconds";
+/// Outbox events published and confirmed.
+pub const OUTBOX_PUBLISHED_TOTAL: &str = "seckill_outbox_published_total";
+/// Payment callbacks settled, by `result`.
+pub const PAYMENTS_TOTAL: &str = "seckill_payments_total";
+/// 1 while the engine is ready to take work, else 0.
+pub const READY: &str = "seckill_ready";
+/// Redis units the reconciler gave back for reservations that never reached the engine.
+pub const RECONCILER_GIVEN_BACK_TOTAL: &str = "seckill_reconciler_given_back_total";
+/// Duration of a Redis command or script, by `command`.
+pub const REDIS_COMMAND_DURATION_SECONDS: &str = "seckill_redis_command_duration_seconds";
+/// Redis commands that failed, by `command`.
+pub const REDIS_ERRORS_TOTAL: &str = "seckill_redis_errors_total";
+/// Give-backs of a Redis unit run by the compensation worker, by `changed` (`yes` when the unit was returned, `no` when it already had been).
+pub const REDIS_GIVE_BACK_TOTAL: &str = "seckill_redis_give_back_total";
+/// Redis give-backs requested by the order transaction, by `reason`.
+pub const REDIS_RELEASE_REQUESTED_TOTAL: &str = "seckill_redis_release_requested_total";
+
+/// Every metric above, for `describe` and the docs check.
+pub const CATALOGUE: &[Metric] = &[
+    Metric { name: ACTOR_RESTARTS_TOTAL, kind: Kind::Counter, help: "Children the supervisor restarted after a failure, by `actor`." },
+    Metric { name: ADMIN_ACTIONS_TOTAL, kind: Kind::Counter, help: "Operator API actions taken, by `action`." },
+    Metric { name: BUILD_INFO, kind: Kind::Gauge, help: "Always 1; the `version` label names the running build." },
+    Metric { name: COMMIT_UNKNOWN_TOTAL, kind: Kind::Counter, help: "Order transactions whose COMMIT outcome was unknown (sent back for a redelivery the inbox answers)." },
+    Metric { name: COMPENSATION_ATTEMPTS_TOTAL, kind: Kind::Counter, help: "Compensation task attempts, by `result` (`done`, `failed`)." },
+    Metric { name: COMPENSATION_DEAD_TOTAL, kind: Kind::Counter, help: "Compensation tasks that ran out of attempts." },
+    Metric { name: COMPENSATION_MANUAL_REVIEW, kind: Kind::Gauge, help: "Compensation tasks waiting for an operator." },
+    Metric { name: COMPENSATION_OLDEST_PENDING_AGE_SECONDS, kind: Kind::Gauge, help: "Age of the oldest pending compensation task." },
+    Metric { name: COMPENSATION_PENDING, kind: Kind::Gauge, help: "Pending compensation tasks (counted up to 10,000)." },
+    Metric { name: DB_PERMIT_WAIT_SECONDS, kind: Kind::Histogram, help: "Time an intake waited for a database permit." },
+    Metric { name: DB_PERMITS_AVAILABLE, kind: Kind::Gauge, help: "Database permits free right now." },
+    Metric { name: DB_PERMITS_CAPACITY, kind: Kind::Gauge, help: "Database permits in all (the bound on work in flight)." },
+    Metric { name: DB_POOL_ACQUIRE_SECONDS, kind: Kind::Histogram, help: "Time an order transaction waited for a pooled connection." },
+    Metric { name: DB_POOL_CONNECTIONS, kind: Kind::Gauge, help: "Pooled PostgreSQL connections, by `state` (`idle`, `in_use`)." },
+    Metric { name: DB_POOL_TIMEOUTS_TOTAL, kind: Kind::Counter, help: "Pool checkouts that timed out." },
+    Metric { name: DB_POOL_WAITING, kind: Kind::Gauge, help: "Callers waiting for a pooled connection." },
+    Metric { name: DEAD_LETTERED_TOTAL, kind: Kind::Counter, help: "Deliveries sent to the dead-letter queue, by `kind` of reason." },
+    Metric { name: DLQ_MESSAGES, kind: Kind::Gauge, help: "Messages in a dead-letter queue, by `queue`." },
+    Metric { name: INBOX_PAYLOAD_MISMATCH_TOTAL, kind: Kind::Counter, help: "Redeliveries whose body differs from the one the inbox recorded for that message id." },
+    Metric { name: INTAKE_ACK_FRAMES_TOTAL, kind: Kind::Counter, help: "Ack frames sent to RabbitMQ (contiguous acks are merged into one)." },
+    Metric { name: INTAKE_DECODE_ERRORS_TOTAL, kind: Kind::Counter, help: "Deliveries that could not be decoded or validated, by `kind`." },
+    Metric { name: INTAKE_IN_FLIGHT, kind: Kind::Gauge, help: "Deliveries taken from the queues and not yet settled." },
+    Metric { name: INTAKE_MESSAGE_AGE_SECONDS, kind: Kind::Histogram, help: "Age of a delivery when the intake took it (publish to intake), by `kind` of queue." },
+    Metric { name: INTAKE_MESSAGES_TOTAL, kind: Kind::Counter, help: "Deliveries taken from the queues, by `kind` of queue." },
+    Metric { name: INTAKE_PAUSED, kind: Kind::Gauge, help: "1 while an operator has paused intake (admin API), else 0." },
+    Metric { name: LIVE_ACTORS, kind: Kind::Gauge, help: "Live per-key actors, by `kind` (`bucket`, `reservation`)." },
+    Metric { name: MAILBOX_DEPTH, kind: Kind::Gauge, help: "Messages waiting in actors' mailboxes, by `kind`." },
+    Metric { name: MAILBOX_DEPTH_MAX, kind: Kind::Gauge, help: "The deepest mailbox of a kind of actor, by `kind`." },
+    Metric { name: MAINTENANCE_FAILURES_TOTAL, kind: Kind::Counter, help: "Failed runs of a background service, by `service`." },
+    Metric { name: MAINTENANCE_ITEMS_TOTAL, kind: Kind::Counter, help: "Items a background service handled, by `service` and `item`." },
+    Metric { name: MAINTENANCE_RUNS_TOTAL, kind: Kind::Counter, help: "Runs of a background service, by `service`." },
+    Metric { name: ORDER_BATCH_SIZE, kind: Kind::Histogram, help: "Orders in one order transaction (group commit)." },
+    Metric { name: ORDER_COMMIT_LATENCY_SECONDS, kind: Kind::Histogram, help: "Time from the reservation to the order's COMMIT." },
+    Metric { name: ORDER_RETRIES_TOTAL, kind: Kind::Counter, help: "Order deliveries sent to the delayed-retry queue, by `reason`." },
+    Metric { name: ORDER_TX_DURATION_SECONDS, kind: Kind::Histogram, help: "Duration of an order transaction, by `outcome`." },
+    Metric { name: ORDER_TX_RETRIES_TOTAL, kind: Kind::Counter, help: "Order transactions redone in place, by `reason` (`speculation`, `in_place`)." },
+    Metric { name: ORDER_TX_SLOT_WAIT_SECONDS, kind: Kind::Histogram, help: "Time an order transaction waited for one of the `engine.order_transactions` slots." },
+    Metric { name: ORDERS_CANCELLED_TOTAL, kind: Kind::Counter, help: "Unpaid orders cancelled by the sweeper after their TTL." },
+    Metric { name: ORDERS_TOTAL, kind: Kind::Counter, help: "Order messages settled, by `outcome`." },
+    Metric { name: OUTBOX_DEAD, kind: Kind::Gauge, help: "Outbox events that ran out of publish attempts." },
+    Metric { name: OUTBOX_FAILURES_TOTAL, kind: Kind::Counter, help: "Outbox publish attempts that failed." },
+    Metric { name: OUTBOX_OLDEST_PENDING_AGE_SECONDS, kind: Kind::Gauge, help: "Age of the oldest unpublished outbox event." },
+    Metric { name: OUTBOX_PENDING, kind: Kind::Gauge, help: "Unpublished outbox events (counted up to 10,000)." },
+    Metric { name: OUTBOX_PUBLISH_DURATION_SECONDS, kind: Kind::Histogram, help: "Duration of one outbox publish batch, confirms included." },
+    Metric { name: OUTBOX_PUBLISHED_TOTAL, kind: Kind::Counter, help: "Outbox events published and confirmed." },
+    Metric { name: PAYMENTS_TOTAL, kind: Kind::Counter, help: "Payment callbacks settled, by `result`." },
+    Metric { name: READY, kind: Kind::Gauge, help: "1 while the engine is ready to take work, else 0." },
+    Metric { name: RECONCILER_GIVEN_BACK_TOTAL, kind: Kind::Counter, help: "Redis units the reconciler gave back for reservations that never reached the engine." },
+    Metric { name: REDIS_COMMAND_DURATION_SECONDS, kind: Kind::Histogram, help: "Duration of a Redis command or script, by `command`." },
+    Metric { name: REDIS_ERRORS_TOTAL, kind: Kind::Counter, help: "Redis commands that failed, by `command`." },
+    Metric { name: REDIS_GIVE_BACK_TOTAL, kind: Kind::Counter, help: "Give-backs of a Redis unit run by the compensation worker, by `changed` (`yes` when the unit was returned, `no` when it already had been)." },
+    Metric { name: REDIS_RELEASE_REQUESTED_TOTAL, kind: Kind::Counter, help: "Redis give-backs requested by the order transaction, by `reason`." },
+];
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_prefixed_and_in_base_units() {
+        let mut seen = std::collections::HashSet::new();
+        for m in CATALOGUE {
+            assert!(seen.insert(m.name), "{} twice", m.name);
+            assert!(m.name.starts_with("seckill_"), "{}", m.name);
+            assert!(!m.help.is_empty(), "{} has no help", m.name);
+            assert_eq!(
+                m.kind == Kind::Counter,
+                m.name.ends_with("_total"),
+                "{}: counters, and only counters, end in _total",
+                m.name
+            );
+            for unit in ["_ms", "_millis", "_micros", "_bytes_kb"] {
+                assert!(!m.name.contains(unit), "{}: base units only", m.name);
+            }
+        }
+    }
+}
