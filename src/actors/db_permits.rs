@@ -19,6 +19,16 @@ pub struct Permit {
     _inner: OwnedSemaphorePermit,
 }
 
+impl Drop for Permit {
+    /// The gauge follows releases too, or it would stay at the low-water mark of the
+    /// last burst (and the permits-exhausted alert fire on an idle engine).
+    fn drop(&mut self) {
+        let returned = self._inner.num_permits();
+        metrics::gauge!(crate::telemetry::names::DB_PERMITS_AVAILABLE)
+            .set((self._inner.semaphore().available_permits() + returned) as f64);
+    }
+}
+
 /// Waits for a free permit.
 #[derive(Message)]
 #[rtype(result = "Permit")]

@@ -26,7 +26,7 @@ pub const ACTOR_RESTARTS_TOTAL: &str = "seckill_actor_restarts_total";
 pub const ADMIN_ACTIONS_TOTAL: &str = "seckill_admin_actions_total";
 /// Always 1; the `version` label names the running build.
 pub const BUILD_INFO: &str = "seckill_build_info";
-/// Order transactions whose COMMIT outcome was unknown (sent back for a redelivery the inbox answers).
+/// Messages (orders and payment callbacks) whose COMMIT outcome was unknown (sent back for a redelivery the inbox answers).
 pub const COMMIT_UNKNOWN_TOTAL: &str = "seckill_commit_unknown_total";
 /// Compensation task attempts, by `result` (`done`, `failed`).
 pub const COMPENSATION_ATTEMPTS_TOTAL: &str = "seckill_compensation_attempts_total";
@@ -107,7 +107,7 @@ pub const OUTBOX_FAILURES_TOTAL: &str = "seckill_outbox_failures_total";
 pub const OUTBOX_OLDEST_PENDING_AGE_SECONDS: &str = "seckill_outbox_oldest_pending_age_seconds";
 /// Unpublished outbox events (counted up to 10,000).
 pub const OUTBOX_PENDING: &str = "seckill_outbox_pending";
-/// Duration of one outbox publish batch, confirms included.
+/// Duration of one outbox event's publish, its confirm included.
 pub const OUTBOX_PUBLISH_DURATION_SECONDS: &str = "seckill_outbox_publish_duration_seconds";
 /// Outbox events published and confirmed.
 pub const OUTBOX_PUBLISHED_TOTAL: &str = "seckill_outbox_published_total";
@@ -131,7 +131,7 @@ pub const CATALOGUE: &[Metric] = &[
     Metric { name: ACTOR_RESTARTS_TOTAL, kind: Kind::Counter, help: "Children the supervisor restarted after a failure, by `actor`." },
     Metric { name: ADMIN_ACTIONS_TOTAL, kind: Kind::Counter, help: "Operator API actions taken, by `action`." },
     Metric { name: BUILD_INFO, kind: Kind::Gauge, help: "Always 1; the `version` label names the running build." },
-    Metric { name: COMMIT_UNKNOWN_TOTAL, kind: Kind::Counter, help: "Order transactions whose COMMIT outcome was unknown (sent back for a redelivery the inbox answers)." },
+    Metric { name: COMMIT_UNKNOWN_TOTAL, kind: Kind::Counter, help: "Messages (orders and payment callbacks) whose COMMIT outcome was unknown (sent back for a redelivery the inbox answers)." },
     Metric { name: COMPENSATION_ATTEMPTS_TOTAL, kind: Kind::Counter, help: "Compensation task attempts, by `result` (`done`, `failed`)." },
     Metric { name: COMPENSATION_DEAD_TOTAL, kind: Kind::Counter, help: "Compensation tasks that ran out of attempts." },
     Metric { name: COMPENSATION_MANUAL_REVIEW, kind: Kind::Gauge, help: "Compensation tasks waiting for an operator." },
@@ -171,7 +171,7 @@ pub const CATALOGUE: &[Metric] = &[
     Metric { name: OUTBOX_FAILURES_TOTAL, kind: Kind::Counter, help: "Outbox publish attempts that failed." },
     Metric { name: OUTBOX_OLDEST_PENDING_AGE_SECONDS, kind: Kind::Gauge, help: "Age of the oldest unpublished outbox event." },
     Metric { name: OUTBOX_PENDING, kind: Kind::Gauge, help: "Unpublished outbox events (counted up to 10,000)." },
-    Metric { name: OUTBOX_PUBLISH_DURATION_SECONDS, kind: Kind::Histogram, help: "Duration of one outbox publish batch, confirms included." },
+    Metric { name: OUTBOX_PUBLISH_DURATION_SECONDS, kind: Kind::Histogram, help: "Duration of one outbox event's publish, its confirm included." },
     Metric { name: OUTBOX_PUBLISHED_TOTAL, kind: Kind::Counter, help: "Outbox events published and confirmed." },
     Metric { name: PAYMENTS_TOTAL, kind: Kind::Counter, help: "Payment callbacks settled, by `result`." },
     Metric { name: READY, kind: Kind::Gauge, help: "1 while the engine is ready to take work, else 0." },

@@ -1,0 +1,526 @@
+//! The shape of the codebase, checked (docs/DESIGN.md, "Code layout"):
+//! - no two modules of the engine import each other, and no cycle runs through
+//!   several (file granularity: `store::orders::set_based` is one module);
+//! - `http`, `telemetry`, `services` and `status` never import a pipeline actor;
+//! - SQL is written only under `store/`, Redis commands only under `redis/`;
+//! - every metric of the catalogue is recorded somewhere, and documented;
+//! - every configuration key is documented; the README stays short; no journal
+//!   labels and no links outside the repository.
+//!
+//! Pure file reading: no services needed.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+fn rust_files(dir: &Path, out: &mut Vec<PathBuf>) {
+    let mut entries: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    entries.sort();
+    for path in entries {
+        if path.is_dir() {
+            rust_files(&path, out);
+        } else if path.extension().is_some_and(|e| e == "rs") {
+            out.push(path);
+        }
+    }
+}
+
+/// The module path of a file under src/: `store/orders/mod.rs` → `store::orders`.
+fn module_of(file: &Path) -> Vec<String> {
+    let rel = file.strip_prefix(root().join("src")).unwrap();
+    let mut parts: Vec<String> = rel
+        .iter()
+        .map(|p| p.to_string_lossy().trim_end_matches(".rs").to_owned())
+        .collect();
+    if parts.last().is_some_and(|p| p == "mod" || p == "lib") {
+        parts.pop();
+    }
+    parts
+}
+
+/// The code of a file without comments, string contents and its test module.
+fn code_of(text: &str) -> String {
+    let text = match text.find("#[cfg(test)]\nmod tests") {
+        Some(at) => &text[..at],
+        None => text,
+    };
+    let mut out = String::new();
+    for line in text.lines() {
+        let line = match line.find("//") {
+            Some(at) if !line[..at].contains('"') => &line[..at],
+            _ => line,
+        };
+        out.push_str(line);
+        out.push('\n');
+    }
+    out
+}
+
+/// Every path written in `code` as `a::b::c` (brace groups of `use` expanded one
+/// level deep is enough here: the first segments decide the module).
+fn paths(code: &str) -> Vec<Vec<String>> {
+    let mut out = Vec::new();
+    let bytes: Vec<char> = code.chars().collect();
+    let mut i = 0;
+    while i < bytes.len() {
+        let c = bytes[i];
+        let starts = (c.is_ascii_alphabetic() || c == '_')
+            && (i == 0 || !(bytes[i - 1].is_ascii_alphanumeric() || bytes[i - 1] == '_'));
+        if !starts {
+            i += 1;
+            continue;
+        }
+        let mut segs = Vec::new();
+        let mut j = i;
+        loop {
+            let s = j;
+            while j < bytes.len() && (bytes[j].is_ascii_alphanumeric() || bytes[j] == '_') {
+                j += 1;
+            }
+            segs.push(bytes[s..j].iter().collect::<String>());
+            if j + 2 < bytes.len()
+                && bytes[j] == ':'
+                && bytes[j + 1] == ':'
+                && (bytes[j + 2].is_ascii_alphabetic() || bytes[j + 2] == '_')
+            {
+                j += 2;
+            } else if j + 2 < bytes.len()
+                && bytes[j] == ':'
+                && bytes[j + 1] == ':'
+                && bytes[j + 2] == '{'
+            {
+                // `prefix::{a, b::c}`: each item after the prefix.
+                let close = bytes[j..].iter().position(|&c| c == '}').map(|p| p + j);
+                if let Some(close) = close {
+                    let inner: String = bytes[j + 3..close].iter().collect();
+                    for item in inner.split(',') {
+                        let item = item.trim();
+                        if item.is_empty() {
+                            continue;
+                        }
+                        let mut p = segs.clone();
+                        p.extend(item.split("::").map(|s| s.trim().to_owned()));
+                        out.push(p);
+                    }
+                    j = close;
+                }
+                segs.clear();
+                break;
+            } else {
+                break;
+            }
+        }
+        if segs.len() > 1 {
+            out.push(segs);
+        }
+        i = j.max(i + 1);
+    }
+    out
+}
+
+struct Crate {
+    /// module path → its file's code
+    modules: BTreeMap<Vec<String>, String>,
+}
+
+impl Crate {
+    fn load() -> Crate {
+        let mut files = Vec::new();
+        rust_files(&root().join("src"), &mut files);
+        let modules = files
+            .iter()
+            .filter(|f| !f.ends_with("main.rs"))
+            .map(|f| (module_of(f), code_of(&std::fs::read_to_string(f).unwrap())))
+            .collect();
+        Crate { modules }
+    }
+
+    /// The longest known module that `path` (absolute) starts with.
+    fn resolve(&self, path: &[String]) -> Option<Vec<String>> {
+        (1..=path.len())
+            .rev()
+            .map(|n| path[..n].to_vec())
+            .find(|p| self.modules.contains_key(p))
+    }
+
+    /// Module → the modules its code refers to (not itself).
+    fn edges(&self) -> BTreeMap<Vec<String>, BTreeSet<Vec<String>>> {
+        let mut edges = BTreeMap::new();
+        for (module, code) in &self.modules {
+            let mut to = BTreeSet::new();
+            for p in paths(code) {
+                let absolute: Vec<String> = match p[0].as_str() {
+                    "crate" => p[1..].to_vec(),
+                    "super" => {
+                        let mut base = module.clone();
+                        let mut rest = &p[..];
+                        while rest.first().is_some_and(|s| s == "super") {
+                            base.pop();
+                            rest = &rest[1..];
+                        }
+                        base.extend(rest.iter().cloned());
+                        base
+                    }
+                    "self" => {
+                        let mut base = module.clone();
+                        base.extend(p[1..].iter().cloned());
+                        base
+                    }
+                    // A child module named by its bare name.
+                    first => {
+                        let mut child = module.clone();
+                        child.push(first.to_owned());
+                        if !self.modules.contains_key(&child) {
+                            continue;
+                        }
+                        let mut base = module.clone();
+                        base.extend(p.iter().cloned());
+                        base
+                    }
+                };
+                if let Some(target) = self.resolve(&absolute) {
+                    // A child naming its parent's items is an import too (the
+                    // parent declaring the child is not).
+                    if &target != module && !target.is_empty() {
+                        to.insert(target);
+                    }
+                }
+            }
+            edges.insert(module.clone(), to);
+        }
+        edges
+    }
+}
+
+fn name(m: &[String]) -> String {
+    m.join("::")
+}
+
+#[test]
+fn no_module_imports_a_module_that_imports_it() {
+    let krate = Crate::load();
+    assert!(krate.modules.len() > 40, "{} modules", krate.modules.len());
+    let edges = krate.edges();
+    // The parser sees what it should: a few known imports.
+    let sees = |from: &str, to: &str| {
+        edges
+            .iter()
+            .any(|(f, t)| name(f) == from && t.iter().any(|t| name(t) == to))
+    };
+    assert!(sees("actors::bucket", "store::orders"));
+    assert!(sees("store::orders", "store::orders::set_based"));
+    let mut pairs = Vec::new();
+    for (from, tos) in &edges {
+        for to in tos {
+            if edges.get(to).is_some_and(|back| back.contains(from)) && from < to {
+                pairs.push(format!("{} <-> {}", name(from), name(to)));
+            }
+        }
+    }
+    assert!(pairs.is_empty(), "modules importing each other: {pairs:#?}");
+
+    // No longer cycle either (depth-first search over the same graph).
+    fn visit(
+        m: &Vec<String>,
+        edges: &BTreeMap<Vec<String>, BTreeSet<Vec<String>>>,
+        state: &mut BTreeMap<Vec<String>, u8>,
+        stack: &mut Vec<Vec<String>>,
+    ) -> Option<Vec<String>> {
+        state.insert(m.clone(), 1);
+        stack.push(m.clone());
+        for to in edges.get(m).into_iter().flatten() {
+            match state.get(to) {
+                Some(1) => {
+                    let at = stack.iter().position(|s| s == to).unwrap_or(0);
+                    return Some(stack[at..].iter().map(|s| name(s)).collect());
+                }
+                Some(_) => {}
+                None => {
+                    if let Some(c) = visit(to, edges, state, stack) {
+                        return Some(c);
+                    }
+                }
+            }
+        }
+        stack.pop();
+        state.insert(m.clone(), 2);
+        None
+    }
+    let mut state = BTreeMap::new();
+    for m in edges.keys() {
+        if !state.contains_key(m) {
+            let cycle = visit(m, &edges, &mut state, &mut Vec::new());
+            assert!(cycle.is_none(), "import cycle: {cycle:?}");
+        }
+    }
+}
+
+#[test]
+fn readers_of_status_never_import_the_pipeline_actors() {
+    let krate = Crate::load();
+    let edges = krate.edges();
+    let mut bad = Vec::new();
+    for (from, tos) in &edges {
+        let Some(top) = from.first().map(String::as_str) else {
+            continue; // the crate root (lib.rs) declares everything
+        };
+        if ![
+            "http",
+            "telemetry",
+            "services",
+            "status",
+            "domain",
+            "store",
+            "mq",
+            "redis",
+        ]
+        .contains(&top)
+        {
+            continue;
+        }
+        for to in tos {
+            if to[0] == "actors" {
+                bad.push(format!("{} -> {}", name(from), name(to)));
+            }
+        }
+    }
+    assert!(bad.is_empty(), "{bad:#?}");
+    // domain is pure: it imports nothing of the engine but itself.
+    for (from, tos) in &edges {
+        if from.first().is_some_and(|m| m == "domain") {
+            for to in tos {
+                assert_eq!(to[0], "domain", "{} -> {}", name(from), name(to));
+            }
+        }
+    }
+}
+
+/// String literals of a file's code (test module excluded).
+fn literals(code: &str) -> Vec<String> {
+    let mut out = Vec::new();
+    let mut rest = code;
+    while let Some(start) = rest.find('"') {
+        let after = &rest[start + 1..];
+        let mut end = None;
+        let mut escaped = false;
+        for (i, c) in after.char_indices() {
+            match c {
+                '\\' if !escaped => escaped = true,
+                '"' if !escaped => {
+                    end = Some(i);
+                    break;
+                }
+                _ => escaped = false,
+            }
+        }
+        let Some(end) = end else { break };
+        out.push(after[..end].to_owned());
+        rest = &after[end + 1..];
+    }
+    out
+}
+
+#[test]
+fn sql_lives_in_store_and_redis_commands_in_redis() {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let sql = [
+        "SELECT ",
+        "INSERT INTO",
+        "DELETE FROM",
+        "UPDATE ",
+        "CREATE TABLE",
+        "ALTER ",
+        "DROP ",
+        "VACUUM",
+        "TRUNCATE",
+    ];
+    let mut found_sql = 0;
+    let mut outside = Vec::new();
+    for file in &files {
+        let rel = file
+            .strip_prefix(root())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let code = code_of(&std::fs::read_to_string(file).unwrap());
+        let in_store = rel.starts_with("src/store/");
+        for lit in literals(&code) {
+            let upper = lit.trim_start();
+            let is_sql = sql.iter().any(|k| {
+                upper.starts_with(k)
+                    || lit.contains(&format!("\n{k}"))
+                    || lit.contains(&format!("\n{}", k.trim()))
+            }) && (lit.contains(" FROM ")
+                || lit.contains("\nFROM ")
+                || lit.contains(" SET ")
+                || lit.contains("\nSET ")
+                || lit.contains("INTO ")
+                || upper.starts_with("SELECT")
+                || upper.starts_with("VACUUM"));
+            if is_sql {
+                if in_store {
+                    found_sql += 1;
+                } else {
+                    outside.push(format!(
+                        "{rel}: {}",
+                        lit.trim().lines().next().unwrap_or("")
+                    ));
+                }
+            }
+        }
+        if !rel.starts_with("src/redis/") {
+            for call in [
+                "redis::cmd(",
+                "redis::pipe(",
+                "redis::Script::new(",
+                "redis::Cmd::",
+            ] {
+                if code.contains(call) {
+                    outside.push(format!("{rel}: Redis command ({call})"));
+                }
+            }
+        }
+    }
+    assert!(
+        found_sql > 40,
+        "the SQL scan found only {found_sql} statements in store/"
+    );
+    assert!(outside.is_empty(), "outside their layer: {outside:#?}");
+}
+
+#[test]
+fn every_cataloged_metric_is_recorded_and_documented() {
+    let names = std::fs::read_to_string(root().join("src/telemetry/names.rs")).unwrap();
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let code: String = files
+        .iter()
+        .filter(|f| !f.ends_with("telemetry/names.rs"))
+        .map(|f| code_of(&std::fs::read_to_string(f).unwrap()))
+        .collect();
+    let ops = std::fs::read_to_string(root().join("docs/OPERATIONS.md")).unwrap();
+    let mut consts = 0;
+    for line in names.lines() {
+        let Some(rest) = line.strip_prefix("pub const ") else {
+            continue;
+        };
+        let Some((ident, value)) = rest.split_once(": &str = \"") else {
+            continue;
+        };
+        consts += 1;
+        let metric = value.trim_end_matches("\";");
+        assert!(
+            code.contains(&format!("names::{ident}")),
+            "{metric} ({ident}) is in the catalogue but never recorded"
+        );
+        assert!(
+            ops.contains(&format!("`{metric}`")),
+            "{metric} is not in docs/OPERATIONS.md"
+        );
+    }
+    assert!(consts > 40, "read {consts} metric constants");
+    assert!(
+        !code.contains("\"seckill_"),
+        "a metric name is spelled out instead of taken from telemetry::names"
+    );
+}
+
+#[test]
+fn every_configuration_key_is_documented() {
+    let defaults = std::fs::read_to_string(root().join("config/default.toml")).unwrap();
+    let ops = std::fs::read_to_string(root().join("docs/OPERATIONS.md")).unwrap();
+    let mut section = String::new();
+    let mut keys = Vec::new();
+    for line in defaults.lines() {
+        let line = line.trim();
+        if line.starts_with('#') || line.is_empty() {
+            continue;
+        }
+        if let Some(s) = line.strip_prefix('[').and_then(|l| l.strip_suffix(']')) {
+            section = s.to_owned();
+        } else if let Some((key, _)) = line.split_once('=') {
+            keys.push(format!("{section}.{}", key.trim()));
+        }
+    }
+    assert!(keys.len() > 40, "read {} keys", keys.len());
+    let missing: Vec<_> = keys
+        .iter()
+        .filter(|k| !ops.contains(&format!("`{k}`")))
+        .collect();
+    assert!(missing.is_empty(), "undocumented keys: {missing:?}");
+}
+
+/// Files a newcomer reads, and the code.
+fn prose_and_code() -> Vec<PathBuf> {
+    let mut files = vec![root().join("README.md")];
+    for dir in [
+        "docs", "src", "tests", "scripts", "crates", "bench", "config", "deploy", ".ci",
+    ] {
+        let mut stack = vec![root().join(dir)];
+        while let Some(d) = stack.pop() {
+            for e in std::fs::read_dir(&d).unwrap() {
+                let p = e.unwrap().path();
+                if p.is_dir() {
+                    if !p.ends_with("target") {
+                        stack.push(p);
+                    }
+                } else {
+                    files.push(p);
+                }
+            }
+        }
+    }
+    files
+}
+
+#[test]
+fn docs_are_short_self_contained_and_free_of_journal_labels() {
+    let readme = std::fs::read_to_string(root().join("README.md")).unwrap();
+    assert!(
+        readme.lines().count() <= 150,
+        "README.md has {} lines",
+        readme.lines().count()
+    );
+    let mut labels = Vec::new();
+    let mut outside = Vec::new();
+    for file in prose_and_code() {
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        let rel = file
+            .strip_prefix(root())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        if rel == "tests/layout.rs" {
+            continue;
+        }
+        // "session 12", also across a line break ("session\n12" in wrapped prose).
+        let words: Vec<&str> = text.split_whitespace().collect();
+        for w in words.windows(2) {
+            let first = w[0]
+                .trim_start_matches(|c: char| !c.is_alphanumeric())
+                .to_ascii_lowercase();
+            if (first == "session" || first == "sessions")
+                && w[1].chars().next().is_some_and(|c| c.is_ascii_digit())
+            {
+                labels.push(format!("{rel}: {} {}", w[0], w[1]));
+            }
+        }
+        if rel.ends_with(".md") && (text.contains("../shared") || text.contains("](../")) {
+            outside.push(rel.clone());
+        }
+    }
+    assert!(labels.is_empty(), "journal labels: {labels:#?}");
+    assert!(
+        outside.is_empty(),
+        "links outside the repository: {outside:?}"
+    );
+}
