@@ -9,12 +9,14 @@ use chrono::{DateTime, Utc};
 use clap::{Args, Parser, Subcommand};
 
 use crate::config::{self, Settings};
+use crate::domain::shard::SHARD_FUNCTION_VERSION;
 use crate::engine::Engine;
 use crate::redis::commands as redis_commands;
 use crate::redis::keys::SkuKeys;
 use crate::store::activity::{create_activity, ActivitySpec};
 use crate::store::invariants::run_checks;
 use crate::store::reconcile;
+use crate::store::topology::{self, ShardLayout};
 use crate::store::{self, migrate};
 
 #[derive(Debug, Parser)]
@@ -39,6 +41,14 @@ pub enum Command {
     /// Manage flash-sale activities.
     #[command(subcommand)]
     Activity(ActivityCommand),
+    /// Change the number of order shard queues. Refused while any order queue or
+    /// retry queue of either layout holds a message or has a consumer: stop every
+    /// engine and front stage and let the queues drain first.
+    Reshard {
+        /// The new shard count (1 to 1024); set amqp.shards to it everywhere.
+        #[arg(long)]
+        shards: u16,
+    },
     /// Run the invariant checks (seed §13.3); exits non-zero if any is violated.
     Check {
         /// Only this activity.
@@ -118,6 +128,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         activity_create(&settings, args).await
                     }
                     Command::Check { activity, redis } => check(&settings, activity, redis).await,
+                    Command::Reshard { shards } => reshard(&settings, shards).await,
                     Command::Serve => unreachable!("handled above"),
                 }
             })
@@ -133,7 +144,7 @@ async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
     let engine = Engine::start(&settings)
         .await
         .context("starting the engine")?;
-    let front = crate::http::front::start(&settings, engine.pool().clone())
+    let front = crate::http::front::start(&settings, engine.pool().clone(), engine.ids())
         .await
         .context("starting the front stage")?;
     let http = front.server.handle();
@@ -327,6 +338,61 @@ async fn check(
     } else {
         ExitCode::SUCCESS
     })
+}
+
+async fn reshard(settings: &Settings, shards: u16) -> anyhow::Result<ExitCode> {
+    if !(1..=1024).contains(&shards) {
+        eprintln!("error: --shards must be between 1 and 1024, got {shards}");
+        return Ok(ExitCode::from(2));
+    }
+    let config = store::pg_config(&settings.database)?;
+    let mut client = store::connect(&config)
+        .await
+        .context("connecting to PostgreSQL")?;
+    migrate::verify(&mut client).await?;
+    let recorded = topology::read(&client).await?;
+    let old = recorded.map_or(settings.amqp.shards, |l| l.shards);
+    let names = crate::mq::topology::Names::new(&settings.amqp.namespace);
+    let conn = crate::mq::connect(&settings.amqp, "seckill-reshard")
+        .await
+        .context("connecting to RabbitMQ")?;
+    let mut busy = Vec::new();
+    for shard in 0..old.max(shards) {
+        for queue in [names.order_queue(shard), names.order_retry_queue(shard)] {
+            // A passive declare of a missing queue closes its channel: one each.
+            let channel = conn.create_channel().await?;
+            match crate::mq::queue_counts(&channel, &queue).await {
+                Ok(c) if c.messages > 0 || c.consumers > 0 => busy.push(format!(
+                    "{queue}: {} messages, {} consumers",
+                    c.messages, c.consumers
+                )),
+                Ok(_) => {}
+                Err(e) if e.is_not_found() => {}
+                Err(e) => return Err(e).with_context(|| format!("reading {queue}")),
+            }
+            let _ = channel.close(200, "counted".into()).await;
+        }
+    }
+    let _ = conn.close(200, "done".into()).await;
+    if !busy.is_empty() {
+        eprintln!(
+            "error: refusing to change the shard layout from {old} to {shards} shards while order queues are in use (stop every engine and front stage and let them drain):"
+        );
+        for b in busy {
+            eprintln!("  {b}");
+        }
+        return Ok(ExitCode::FAILURE);
+    }
+    let layout = ShardLayout {
+        shard_function: SHARD_FUNCTION_VERSION,
+        shards,
+    };
+    topology::replace(&client, layout).await?;
+    println!(
+        "shard layout: {} → {layout}; set amqp.shards = {shards} for every engine and front stage",
+        recorded.map_or_else(|| "none recorded".to_owned(), |l| l.to_string())
+    );
+    Ok(ExitCode::SUCCESS)
 }
 
 /// One bucket's Redis/PostgreSQL comparison.

@@ -143,6 +143,10 @@ pub struct AmqpSettings {
     pub retry_delay_ms: u64,
     pub max_retries: u32,
     pub consumer_group: String,
+    /// AMQP heartbeat asked of the broker unless the URL sets `heartbeat`: a frozen
+    /// or cut-off instance loses its connection, and so its shards, within about
+    /// two of these.
+    pub heartbeat_secs: u16,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -156,7 +160,9 @@ pub struct RedisSettings {
 #[serde(deny_unknown_fields)]
 pub struct EngineSettings {
     pub db_permits: u32,
-    pub node_id: u16,
+    /// Unset: leased from PostgreSQL (`store::node_lease`).
+    pub node_id: Option<u16>,
+    pub node_lease_ttl_ms: u64,
     pub batch_max_size: u32,
     pub bucket_pipeline: u32,
     pub order_transactions: u32,
@@ -288,7 +294,19 @@ impl Settings {
             .url
             .expose_secret()
             .parse::<lapin::uri::AMQPUri>()
-            .map_err(|e| invalid("amqp.url", format!("not an AMQP URL: {e}")))?;
+            // The parser's message quotes the URL, password included: never shown.
+            .map_err(|_| {
+                invalid(
+                    "amqp.url",
+                    "not an AMQP URL (amqp://user:password@host:port/vhost); the value is not shown, it may hold a password".into(),
+                )
+            })?;
+        if !(1..=60).contains(&self.amqp.heartbeat_secs) {
+            return Err(invalid(
+                "amqp.heartbeat_secs",
+                "must be between 1 and 60".into(),
+            ));
+        }
         if !is_name(&self.amqp.namespace) {
             return Err(invalid(
                 "amqp.namespace",
@@ -344,7 +362,17 @@ impl Settings {
                 "must be between 1 and 1024".into(),
             ));
         }
-        if self.engine.node_id > crate::domain::ids::MAX_NODE_ID {
+        if !(15_000..=3_600_000).contains(&self.engine.node_lease_ttl_ms) {
+            return Err(invalid(
+                "engine.node_lease_ttl_ms",
+                "must be between 15000 and 3600000".into(),
+            ));
+        }
+        if self
+            .engine
+            .node_id
+            .is_some_and(|n| n > crate::domain::ids::MAX_NODE_ID)
+        {
             return Err(invalid(
                 "engine.node_id",
                 format!("must be at most {}", crate::domain::ids::MAX_NODE_ID),

@@ -17,11 +17,13 @@ use crate::actors::registry::Registry;
 use crate::actors::reservation::ReservationActor;
 use crate::config::Settings;
 use crate::domain::ids::IdGenerator;
+use crate::domain::shard::SHARD_FUNCTION_VERSION;
 use crate::mq::settlement::IntakeRoutes;
 use crate::mq::topology::{declare_topology, Names};
 use crate::mq::{self, MqError};
 use crate::services::compensation_worker::{CompensationConfig, CompensationWorker};
 use crate::services::gauges::GaugeSampler;
+use crate::services::node_lease::{fence_after, NodeLeaseKeeper, MARGIN as LEASE_MARGIN};
 use crate::services::outbox_publisher::{OrderLoad, OutboxConfig, OutboxPublisher};
 use crate::services::readiness::ReadinessMonitor;
 use crate::services::reconciler::Reconciler;
@@ -30,6 +32,8 @@ use crate::services::supervisor::{ChildFactory, Shutdown, Supervisor};
 use crate::services::sweeper::{Sweeper, SweeperConfig};
 use crate::status::{IntakeStats, Readiness};
 use crate::store::migrate::{self, MigrateError};
+use crate::store::node_lease::{self, Holder};
+use crate::store::topology::{self, ShardLayout};
 use crate::store::{build_pool, Pool, StoreError};
 
 #[derive(Debug, thiserror::Error)]
@@ -40,6 +44,28 @@ pub enum EngineError {
     Schema(#[from] MigrateError),
     #[error("RabbitMQ: {0}")]
     Mq(#[from] MqError),
+    #[error(
+        "amqp.shards = {} routes with {ours}, but the database records {recorded}: the \
+         queued messages were routed that way. Set amqp.shards = {}, or stop every \
+         engine and front stage, let the order queues drain and run \
+         `seckill-engine reshard --shards {}`",
+        .ours.shards, .recorded.shards, .ours.shards
+    )]
+    ShardLayout {
+        ours: ShardLayout,
+        recorded: ShardLayout,
+    },
+    #[error(
+        "engine.node_id = {node_id} is held by {holder} (renewed {renewed_ms_ago} ms ago); \
+         leave engine.node_id unset to lease a free one"
+    )]
+    NodeIdHeld {
+        node_id: u16,
+        holder: String,
+        renewed_ms_ago: i64,
+    },
+    #[error("no node id in 0..=1000 is free: every one is leased by a live instance")]
+    NoFreeNodeId,
     #[error("only {consuming} of {expected} intakes started consuming within 15 s")]
     NotConsuming { consuming: usize, expected: usize },
 }
@@ -56,6 +82,8 @@ pub struct Engine {
     readiness: Arc<Readiness>,
     supervisor: Addr<Supervisor>,
     grace: Duration,
+    ids: Arc<IdGenerator>,
+    holder: Holder,
 }
 
 impl Engine {
@@ -64,7 +92,23 @@ impl Engine {
         {
             let mut conn = pool.get().await?;
             migrate::verify(&mut conn.client).await?;
+            let ours = ShardLayout {
+                shard_function: SHARD_FUNCTION_VERSION,
+                shards: settings.amqp.shards,
+            };
+            let recorded = topology::record_or_read(&conn.client, ours)
+                .await
+                .map_err(StoreError::Db)?;
+            if recorded != ours {
+                return Err(EngineError::ShardLayout { ours, recorded });
+            }
         }
+        let holder = Holder {
+            id: Uuid::new_v4(),
+            name: holder_name(settings),
+        };
+        let lease_ttl = Duration::from_millis(settings.engine.node_lease_ttl_ms);
+        let ids = lease_node_id(&pool, settings, &holder, lease_ttl).await?;
 
         // Fail fast on a broker that is unreachable or refuses our topology; the
         // intakes declare it again whenever they (re)connect.
@@ -77,7 +121,7 @@ impl Engine {
         let permits = DbPermits::new(settings.db_permits()).start();
         let shared = Arc::new(BucketShared {
             pool: pool.clone(),
-            ids: IdGenerator::for_node(settings.engine.node_id),
+            ids: ids.clone(),
             consumer_group: settings.amqp.consumer_group.clone(),
             lock_timeout: format!("{}ms", settings.database.lock_timeout_ms),
             statement_timeout: format!("{}ms", settings.database.statement_timeout_ms),
@@ -98,8 +142,15 @@ impl Engine {
 
         let stats = Arc::new(IntakeStats::default());
         let readiness = Arc::new(Readiness::default());
-        let mut supervisor =
-            background_services(settings, &pool, stats.clone()).child(ReadinessMonitor::NAME, {
+        readiness.watch_minting(ids.clone());
+        let mut supervisor = background_services(settings, &pool, stats.clone(), ids.clone())
+            .child(NodeLeaseKeeper::NAME, {
+                let (pool, ids, holder) = (pool.clone(), ids.clone(), holder.clone());
+                child(move || {
+                    NodeLeaseKeeper::new(pool.clone(), ids.clone(), holder.clone(), lease_ttl)
+                })
+            })
+            .child(ReadinessMonitor::NAME, {
                 let (pool, redis, readiness) =
                     (pool.clone(), settings.redis.clone(), readiness.clone());
                 child(move || {
@@ -163,6 +214,7 @@ impl Engine {
             actix_rt::time::sleep(Duration::from_millis(10)).await;
         }
         tracing::info!(
+            node_id = ids.node_id(),
             shards = ?settings.owned_shards(),
             permits = settings.db_permits(),
             prefetch = settings.prefetch(),
@@ -175,11 +227,19 @@ impl Engine {
             readiness,
             supervisor,
             grace: Duration::from_millis(settings.shutdown.grace_ms),
+            ids,
+            holder,
         })
     }
 
     pub fn pool(&self) -> &Pool {
         &self.pool
+    }
+
+    /// The id generator of the node id this engine leased (the front stage mints
+    /// order ids with it too).
+    pub fn ids(&self) -> Arc<IdGenerator> {
+        self.ids.clone()
     }
 
     /// Deliveries received and not yet settled, across all intakes.
@@ -203,6 +263,11 @@ impl Engine {
         let _ = self.supervisor.send(Shutdown).await;
         let settled = self.stats.drained(self.grace).await;
         let closed = self.stats.closed(self.grace).await;
+        // Give the node id back so that a restart need not wait for the TTL.
+        self.ids.fence().stop();
+        if let Ok(conn) = self.pool.get().await {
+            let _ = node_lease::release(&conn.client, self.ids.node_id(), &self.holder).await;
+        }
         if settled && closed {
             tracing::info!("engine stopped, every delivery settled");
         } else {
@@ -264,12 +329,77 @@ impl IntakeStarter<'_> {
 /// The supervisor with the outbox publisher, the sweeper, the compensation worker,
 /// the reconciler of Redis reservations and the gauge sampler; the outbox publisher
 /// yields to the orders `load` counts.
+/// Leases this engine's node id (explicit or the lowest free one) and returns its
+/// generator with the mint fence set from the lease.
+async fn lease_node_id(
+    pool: &Pool,
+    settings: &Settings,
+    holder: &Holder,
+    ttl: Duration,
+) -> Result<Arc<IdGenerator>, EngineError> {
+    let takeover_ms = i64::try_from((ttl + LEASE_MARGIN).as_millis()).unwrap_or(i64::MAX);
+    let conn = pool.get().await?;
+    let started = std::time::Instant::now();
+    let node_id = match settings.engine.node_id {
+        Some(node_id) => {
+            match node_lease::acquire(&conn.client, node_id, holder, takeover_ms)
+                .await
+                .map_err(StoreError::Db)?
+            {
+                Ok(()) => node_id,
+                Err(held) => {
+                    return Err(EngineError::NodeIdHeld {
+                        node_id,
+                        holder: held.holder_name,
+                        renewed_ms_ago: held.renewed_ms_ago,
+                    })
+                }
+            }
+        }
+        None => {
+            let mut leased = None;
+            // Instances starting together race for the lowest free id; a loser
+            // finds the winner's row and tries the next one.
+            for _ in 0..20 {
+                leased = node_lease::acquire_any(&conn.client, holder, takeover_ms)
+                    .await
+                    .map_err(StoreError::Db)?;
+                if leased.is_some() {
+                    break;
+                }
+                actix_rt::time::sleep(Duration::from_millis(50)).await;
+            }
+            leased.ok_or(EngineError::NoFreeNodeId)?
+        }
+    };
+    // One generator for everything this engine mints (bucket actors, sweeper, front
+    // stage): two generators of one node would repeat an id within a millisecond.
+    let ids = Arc::new(IdGenerator::new(node_id));
+    ids.fence().allow_until(fence_after(started, ttl));
+    Ok(ids)
+}
+
+/// Who holds a lease, for people: host, process and admin address.
+fn holder_name(settings: &Settings) -> String {
+    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
+        .ok()
+        .map(|h| h.trim().to_owned())
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::env::var("HOSTNAME").ok())
+        .unwrap_or_else(|| "unknown host".into());
+    format!(
+        "{host} pid {} (admin {})",
+        std::process::id(),
+        settings.admin.addr
+    )
+}
+
 pub fn background_services(
     settings: &Settings,
     pool: &Pool,
     load: Arc<dyn OrderLoad>,
+    ids: Arc<IdGenerator>,
 ) -> Supervisor {
-    let ids = IdGenerator::for_node(settings.engine.node_id);
     let outbox = {
         let (pool, amqp) = (pool.clone(), settings.amqp.clone());
         let config = OutboxConfig::from(&settings.outbox);

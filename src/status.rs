@@ -1,10 +1,12 @@
-//! Shared status that the engine's parts report and HTTP, telemetry, the bench and
-//! the outbox publisher read: deliveries in flight (`IntakeStats`, with the acks that
+//! Shared status that the engine's parts report and HTTP, telemetry and the outbox
+//! publisher read: deliveries in flight (`IntakeStats`, with the acks that
 //! settled them, `AckCounts`) and whether the engine takes work (`Readiness`). It sits low so that readers need not import the
 //! actors that write it.
 
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
+
+use crate::domain::ids::IdGenerator;
 
 /// Deliveries received and not yet settled (acked, retried or dead-lettered), shared
 /// by every intake of an engine. The broker's unacked count for our consumers is the
@@ -103,11 +105,12 @@ impl Drop for InFlight {
 
 /// The shared answer; starts ready (the engine checked everything while starting).
 /// An operator may also pause intake (admin API); the intakes consume only while
-/// the engine is ready and not paused.
+/// the engine is ready, not paused, and may mint ids (its node id lease is current).
 #[derive(Debug)]
 pub struct Readiness {
     ready: AtomicBool,
     paused: AtomicBool,
+    ids: OnceLock<Arc<IdGenerator>>,
 }
 
 impl Default for Readiness {
@@ -115,6 +118,7 @@ impl Default for Readiness {
         Self {
             ready: AtomicBool::new(true),
             paused: AtomicBool::new(false),
+            ids: OnceLock::new(),
         }
     }
 }
@@ -135,9 +139,21 @@ impl Readiness {
     pub(crate) fn set_ready(&self, ready: bool) -> bool {
         self.ready.swap(ready, Ordering::Relaxed)
     }
+    /// Follows this generator's lease: while it may not mint, intake stops.
+    pub fn watch_minting(&self, ids: Arc<IdGenerator>) {
+        let _ = self.ids.set(ids);
+    }
+    /// Whether the engine's ids may be minted now (no generator watched: yes).
+    pub fn may_mint(&self) -> bool {
+        self.ids.get().is_none_or(|ids| ids.fence().allows())
+    }
+    /// The node id of the watched generator.
+    pub fn node_id(&self) -> Option<u16> {
+        self.ids.get().map(|ids| ids.node_id())
+    }
     /// Whether the intakes should consume now.
     pub fn accepting(&self) -> bool {
-        self.is_ready() && !self.is_paused()
+        self.is_ready() && !self.is_paused() && self.may_mint()
     }
 }
 

@@ -13,7 +13,7 @@
 //! reservation, request, order or user key) wait for it to end: the transactions
 //! that overlap never wait on each other's rows. While batches end with every
 //! order new and created, the next is sent speculatively, the whole transaction at
-//! once (`store::orders::set_based`); once one ends with a new order sold out, the
+//! once (`store::orders::whole`); once one ends with a new order sold out, the
 //! next is sent whole as sold out, since its bucket is empty; after any other, the
 //! next goes the careful way. Over all buckets, at most `engine.order_transactions`
 //! run at once (a slot taken right before the pooled connection): while a
@@ -507,12 +507,14 @@ async fn run_orders(
     };
     let inputs: Vec<OrderInput<'_>> = runs
         .iter()
-        .map(|run| OrderInput {
-            msg: &run.msg,
-            topic: &run.topic,
-            ledger_id: shared.ids.next_id(),
+        .map(|run| {
+            Ok(OrderInput {
+                msg: &run.msg,
+                topic: &run.topic,
+                ledger_id: shared.ids.next_id()?,
+            })
         })
-        .collect();
+        .collect::<Result<_, StoreError>>()?;
     let (outcomes, attempts) = create_orders(&mut conn, &ctx, &inputs, turn).await?;
     Ok(Done {
         outcomes,

@@ -2,9 +2,9 @@
 //! `milliseconds since 2025-01-01 (41 bits) | node id (10 bits) | sequence (12 bits)`,
 //! so B-tree inserts land at the right edge. Event and task ids are UUIDv7.
 
-use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, OnceLock};
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// 2025-01-01T00:00:00Z in Unix milliseconds.
 const EPOCH_MS: u64 = 1_735_689_600_000;
@@ -13,40 +13,90 @@ const SEQ_BITS: u32 = 12;
 pub const MAX_NODE_ID: u16 = (1 << NODE_BITS) - 1;
 const MAX_SEQ: u64 = (1 << SEQ_BITS) - 1;
 
+/// Until when this process may mint ids with its node id: the engine's lease on the
+/// node id (`store::node_lease`) moves it forward at every renewal, by the TTL less a
+/// margin, on the monotonic clock. Once it has passed, every `next_id` fails until a
+/// renewal succeeds again; another instance may take the id only well after that
+/// (TTL plus a margin since the last renewal, by the database's clock).
+#[derive(Debug)]
+pub struct MintFence {
+    /// Nanoseconds after `origin()`; `u64::MAX` for a generator with no lease (tools).
+    until_ns: AtomicU64,
+}
+
+/// Minting stopped: the node id's lease was not renewed in time, or was lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+#[error("minting stopped: the lease on node id {node} is not current")]
+pub struct MintingStopped {
+    pub node: u16,
+}
+
+fn origin() -> Instant {
+    static ORIGIN: OnceLock<Instant> = OnceLock::new();
+    *ORIGIN.get_or_init(Instant::now)
+}
+
+impl MintFence {
+    fn open() -> Self {
+        Self {
+            until_ns: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// Minting is allowed until `until` (never moves a stopped fence back open).
+    pub fn allow_until(&self, until: Instant) {
+        let ns = until
+            .saturating_duration_since(origin())
+            .as_nanos()
+            .min(u128::from(u64::MAX - 1)) as u64;
+        self.until_ns.store(ns, Ordering::Release);
+    }
+
+    /// Stops minting now.
+    pub fn stop(&self) {
+        self.until_ns.store(0, Ordering::Release);
+    }
+
+    pub fn allows(&self) -> bool {
+        let until = self.until_ns.load(Ordering::Acquire);
+        until == u64::MAX || (origin().elapsed().as_nanos() as u64) < until
+    }
+}
+
 /// Generates unique, increasing ids for one node. Unique across nodes as long as each
-/// running instance has its own node id; never repeats within one process because the
-/// clock reading is forced to be monotonic.
+/// running instance has its own node id (leased, `store::node_lease`); never repeats
+/// within one process because the clock reading is forced to be monotonic.
 #[derive(Debug)]
 pub struct IdGenerator {
     node: u64,
     state: Mutex<(u64, u64)>, // (last millisecond used, sequence within it)
+    fence: MintFence,
 }
 
 impl IdGenerator {
-    /// The process's one generator for `node_id`. Two generators of the same node
-    /// in one process would hand out the same id in the same millisecond (the
-    /// sweeper's and the bucket actors' ledger rows did, before this existed), so
-    /// everything in the engine takes its generator from here.
-    pub fn for_node(node_id: u16) -> Arc<IdGenerator> {
-        static NODES: OnceLock<Mutex<HashMap<u16, Arc<IdGenerator>>>> = OnceLock::new();
-        let mut nodes = NODES
-            .get_or_init(Default::default)
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        nodes
-            .entry(node_id)
-            .or_insert_with(|| Arc::new(IdGenerator::new(node_id)))
-            .clone()
-    }
-
     pub fn new(node_id: u16) -> Self {
         Self {
             node: u64::from(node_id.min(MAX_NODE_ID)),
             state: Mutex::new((0, 0)),
+            fence: MintFence::open(),
         }
     }
 
-    pub fn next_id(&self) -> i64 {
+    pub fn node_id(&self) -> u16 {
+        self.node as u16
+    }
+
+    /// The fence the node id's lease moves; open until a lease first sets it.
+    pub fn fence(&self) -> &MintFence {
+        &self.fence
+    }
+
+    pub fn next_id(&self) -> Result<i64, MintingStopped> {
+        if !self.fence.allows() {
+            return Err(MintingStopped {
+                node: self.node as u16,
+            });
+        }
         let now = now_ms();
         // A poisoned lock only means another thread panicked mid-update; the
         // (ms, seq) pair is still consistent, so keep going.
@@ -64,7 +114,7 @@ impl IdGenerator {
         *state = (ms, seq);
         let id = (ms << (NODE_BITS + SEQ_BITS)) | (self.node << SEQ_BITS) | seq;
         // 41 bits of milliseconds keep the id positive until the year 2094.
-        id as i64
+        Ok(id as i64)
     }
 }
 
@@ -94,20 +144,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn one_generator_per_node_in_a_process() {
-        let (a, b) = (IdGenerator::for_node(77), IdGenerator::for_node(77));
-        assert!(Arc::ptr_eq(&a, &b));
-        let ids: std::collections::HashSet<i64> = (0..10_000)
-            .map(|i| if i % 2 == 0 { a.next_id() } else { b.next_id() })
-            .collect();
-        assert_eq!(ids.len(), 10_000);
-        assert!(!Arc::ptr_eq(&a, &IdGenerator::for_node(78)));
-    }
-
-    #[test]
     fn order_numbers_are_distinct_and_not_the_id() {
         let g = IdGenerator::new(3);
-        let ids: Vec<i64> = (0..1000).map(|_| g.next_id()).collect();
+        let ids: Vec<i64> = (0..1000).map(|_| g.next_id().unwrap()).collect();
         let nos: std::collections::HashSet<String> = ids.iter().map(|i| order_no(*i)).collect();
         assert_eq!(nos.len(), 1000);
         assert!(!order_no(ids[0]).contains(&ids[0].to_string()));
@@ -115,11 +154,27 @@ mod tests {
     }
 
     #[test]
+    fn a_fence_in_the_past_stops_minting_and_a_renewal_reopens_it() {
+        let g = IdGenerator::new(9);
+        assert!(g.next_id().is_ok(), "open until a lease sets it");
+        g.fence()
+            .allow_until(Instant::now() + std::time::Duration::from_secs(60));
+        assert!(g.next_id().is_ok());
+        g.fence().allow_until(Instant::now());
+        assert_eq!(g.next_id(), Err(MintingStopped { node: 9 }));
+        g.fence()
+            .allow_until(Instant::now() + std::time::Duration::from_secs(60));
+        assert!(g.next_id().is_ok());
+        g.fence().stop();
+        assert!(g.next_id().is_err());
+    }
+
+    #[test]
     fn ids_increase_and_carry_the_node() {
         let g = IdGenerator::new(5);
         let mut prev = 0;
         for _ in 0..20_000 {
-            let id = g.next_id();
+            let id = g.next_id().unwrap();
             assert!(id > prev);
             assert_eq!((id >> SEQ_BITS) & i64::from(MAX_NODE_ID), 5);
             prev = id;

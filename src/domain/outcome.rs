@@ -1,5 +1,5 @@
 //! What an order attempt can end in, and how each ending is acknowledged on the queue
-//! (DESIGN.md "Outcomes and acks").
+//! (docs/DESIGN.md, "Failure handling").
 
 use std::fmt;
 

@@ -85,6 +85,15 @@ async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
             failing.insert("postgres".into(), json!(e.to_string()));
         }
     }
+    if !admin.readiness.may_mint() {
+        failing.insert(
+            "node_id".into(),
+            json!(format!(
+                "the lease on node id {} is not current: no ids are minted",
+                admin.readiness.node_id().unwrap_or_default()
+            )),
+        );
+    }
     let consuming = admin.intakes.consuming();
     if admin.readiness.is_paused() {
         failing.insert("intake".into(), json!("paused by an operator"));

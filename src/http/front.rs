@@ -66,7 +66,11 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
 }
 
 impl FrontStage {
-    pub async fn connect(settings: &Settings, pool: Pool) -> Result<Self, HttpError> {
+    pub async fn connect(
+        settings: &Settings,
+        pool: Pool,
+        ids: std::sync::Arc<IdGenerator>,
+    ) -> Result<Self, HttpError> {
         let redis = crate::redis::connect(&settings.redis).await?;
         let amqp = crate::mq::connect(&settings.amqp, "seckill-frontstage").await?;
         let publisher = ConfirmedPublisher::open(&amqp).await?;
@@ -78,7 +82,7 @@ impl FrontStage {
             publisher: tokio::sync::RwLock::new((amqp, publisher)),
             names: Names::new(&settings.amqp.namespace),
             shards: settings.amqp.shards,
-            ids: IdGenerator::for_node(settings.engine.node_id),
+            ids,
             settings: settings.frontstage.clone(),
             marker_ttl_secs: settings.compensation.released_marker_ttl_secs,
             skus: Mutex::new(HashMap::new()),
@@ -181,7 +185,10 @@ async fn reserve(
     }
     let keys = SkuKeys::new(&front.key_prefix, activity_id, sku_id);
     let reservation_id = Uuid::now_v7();
-    let order_id = front.ids.next_id();
+    let Ok(order_id) = front.ids.next_id() else {
+        // The engine's node id lease is not current: minting would risk a duplicate.
+        return unavailable("order ids unavailable; try again");
+    };
     let order_no = order_no(order_id);
     let ttl_ms = front.settings.reservation_ttl_ms as i64;
     let mut redis = front.redis.clone();
@@ -352,9 +359,14 @@ async fn order(front: web::Data<FrontStage>, path: web::Path<i64>) -> HttpRespon
 }
 
 /// Starts the front stage. Its Redis and AMQP connections are opened here, on the
-/// caller's (long-lived) arbiter, and shared by the workers.
-pub async fn start(settings: &Settings, pool: Pool) -> Result<Running, HttpError> {
-    let state = web::Data::new(FrontStage::connect(settings, pool).await?);
+/// caller's (long-lived) arbiter, and shared by the workers. It mints order ids with
+/// `ids`: the engine's generator, under the engine's node id lease.
+pub async fn start(
+    settings: &Settings,
+    pool: Pool,
+    ids: std::sync::Arc<IdGenerator>,
+) -> Result<Running, HttpError> {
+    let state = web::Data::new(FrontStage::connect(settings, pool, ids).await?);
     let workers = settings.frontstage.workers.max(1);
     let server = HttpServer::new(move || {
         App::new()

@@ -16,6 +16,8 @@ use crate::config::AmqpSettings;
 pub enum MqError {
     #[error("amqp: {0}")]
     Amqp(#[from] lapin::Error),
+    #[error("amqp.url is not an AMQP URL (the value is not shown: it may hold a password)")]
+    BadUrl,
     #[error("the broker refused the message (nack)")]
     Nacked,
     #[error("the message could not be routed to any queue (exchange {exchange:?}, routing key {routing_key:?})")]
@@ -25,10 +27,27 @@ pub enum MqError {
     },
 }
 
-/// Opens a connection. The URL is never logged (it carries credentials).
+impl MqError {
+    /// The broker answered 404 NOT_FOUND (e.g. a passive declare of a missing queue).
+    pub fn is_not_found(&self) -> bool {
+        matches!(self, MqError::Amqp(e)
+            if matches!(e.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 404))
+    }
+}
+
+/// Opens a connection with `amqp.heartbeat_secs` unless the URL sets its own. The
+/// URL is never logged nor put in an error (it carries credentials).
 pub async fn connect(settings: &AmqpSettings, name: &str) -> Result<Connection, MqError> {
+    let mut uri: lapin::uri::AMQPUri = settings
+        .url
+        .expose_secret()
+        .parse()
+        .map_err(|_| MqError::BadUrl)?;
+    if uri.query.heartbeat.is_none() {
+        uri.query.heartbeat = Some(settings.heartbeat_secs);
+    }
     let props = ConnectionProperties::default().with_connection_name(name.into());
-    Ok(Connection::connect(settings.url.expose_secret(), props).await?)
+    Ok(Connection::connect_uri(uri, props).await?)
 }
 
 /// Closes the channels, then the connection. In that order: a channel still open

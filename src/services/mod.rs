@@ -6,6 +6,7 @@
 
 pub mod compensation_worker;
 pub mod gauges;
+pub mod node_lease;
 pub mod outbox_publisher;
 pub mod readiness;
 pub mod reconciler;

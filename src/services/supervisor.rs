@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use actix::prelude::*;
 
-/// From a child: it stopped and wants to be started again. and wants to be started again.
+/// From a child: it stopped and wants to be started again.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct ChildFailed {
@@ -19,7 +19,7 @@ pub struct ChildFailed {
     pub kind: &'static str,
 }
 
-/// To a child: stop after the current run. after its current run.
+/// To a child: stop after the current run.
 #[derive(Message)]
 #[rtype(result = "()")]
 pub struct StopChild;

@@ -11,7 +11,7 @@ use futures_util::future::LocalBoxFuture;
 use super::runner::{LeaseRecovery, Outcome, Service, ServiceError};
 use crate::config::{CompensationSettings, SweeperSettings};
 use crate::domain::ids::IdGenerator;
-use crate::store::{compensation, sweeps, Pool};
+use crate::store::{compensation, sweeps, Pool, StoreError};
 
 /// Settings of the sweeper (see `[sweeper]` in config/default.toml).
 #[derive(Debug, Clone)]
@@ -72,7 +72,8 @@ impl Service for Sweeper {
             let mut conn = inner.pool.get().await?;
             let mut cancelled = 0u64;
             while cancelled < u64::from(inner.config.batch_size) {
-                match sweeps::cancel_next_expired(&mut conn, inner.ids.next_id()).await? {
+                let ledger_id = inner.ids.next_id().map_err(StoreError::from)?;
+                match sweeps::cancel_next_expired(&mut conn, ledger_id).await? {
                     Some(order) => {
                         tracing::debug!(order_id = order.order_id, reservation_id = %order.reservation_id, "unpaid order cancelled");
                         cancelled += 1;

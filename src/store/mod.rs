@@ -7,6 +7,7 @@ pub mod compensation;
 mod inbox;
 pub mod invariants;
 pub mod migrate;
+pub mod node_lease;
 pub mod ops;
 pub mod orders;
 pub mod outbox;
@@ -15,6 +16,7 @@ pub mod reads;
 pub mod reconcile;
 pub mod sqlstate;
 pub mod sweeps;
+pub mod topology;
 pub(crate) mod tx;
 
 use std::collections::HashMap;
@@ -202,6 +204,9 @@ pub enum StoreError {
     /// careful way (`orders::create_orders`).
     #[error("a batch sent as new messages with units to take was not")]
     Speculation,
+    /// The node id's lease is not current: no id may be minted until it is renewed.
+    #[error(transparent)]
+    MintingStopped(#[from] crate::domain::ids::MintingStopped),
 }
 
 /// tokio-postgres' Display says only "db error"; the server's message is in the source.
@@ -231,6 +236,9 @@ impl StoreError {
             StoreError::NotOpened(_) => ErrorClass::Transient("connection"),
             // Nothing committed; never leaves `create_orders`.
             StoreError::Speculation => ErrorClass::Transient("speculation"),
+            // Nothing was written; the message waits until the lease is renewed (or
+            // another instance, with its own id, takes it).
+            StoreError::MintingStopped(_) => ErrorClass::Transient("minting_stopped"),
         }
     }
 

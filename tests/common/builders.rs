@@ -44,7 +44,9 @@ pub async fn activity(db: &mut Client, activity: i64, sku: i64, stock: i32, buck
 
 /// A valid message for a fresh reservation of `user` in `bucket`.
 pub fn order(activity: i64, sku: i64, user: i64, bucket: i16) -> OrderCreateMessage {
-    let order_id = IDS.next_id();
+    let order_id = IDS
+        .next_id()
+        .expect("the tests' generator has no lease to lose");
     let now = Utc::now();
     OrderCreateMessage {
         message_id: Uuid::now_v7(),

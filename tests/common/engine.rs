@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::thread::JoinHandle;
 
 use seckill_engine::config::Settings;
+use seckill_engine::domain::ids::IdGenerator;
 use seckill_engine::engine::Engine;
 use seckill_engine::status::IntakeStats;
 use seckill_engine::status::Readiness;
@@ -16,6 +17,8 @@ pub struct EngineHandle {
     thread: Option<JoinHandle<()>>,
     pub stats: Arc<IntakeStats>,
     pub readiness: Arc<Readiness>,
+    /// The engine's generator, under its node id lease (for a front stage).
+    pub ids: Arc<IdGenerator>,
 }
 
 impl EngineHandle {
@@ -29,7 +32,11 @@ impl EngineHandle {
             actix_rt::System::new().block_on(async move {
                 match Engine::start(&settings).await {
                     Ok(engine) => {
-                        let _ = ready_tx.send(Ok((engine.intake_stats(), engine.readiness())));
+                        let _ = ready_tx.send(Ok((
+                            engine.intake_stats(),
+                            engine.readiness(),
+                            engine.ids(),
+                        )));
                         // A dropped sender (kill) skips the clean AMQP close.
                         if stop_rx.await.is_ok() {
                             engine.stop().await;
@@ -41,7 +48,7 @@ impl EngineHandle {
                 }
             });
         });
-        let (stats, readiness) = ready_rx
+        let (stats, readiness, ids) = ready_rx
             .await
             .expect("engine thread alive")
             .unwrap_or_else(|e| panic!("engine failed to start: {e}"));
@@ -50,6 +57,7 @@ impl EngineHandle {
             thread: Some(thread),
             stats,
             readiness,
+            ids,
         }
     }
 

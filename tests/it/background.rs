@@ -1080,3 +1080,36 @@ async fn the_backlog_gauges_count_without_reading_whole_tables() {
     assert_eq!(scans, vec![], "the backlog gauges read these tables whole");
     env.cleanup().await;
 }
+
+/// A lease taken over by another instance (here: its row rewritten) stops minting at
+/// the next renewal, and with it intake: readiness says why.
+#[actix_rt::test]
+async fn a_lost_node_id_lease_stops_minting_and_intake() {
+    let env = TestEnv::new().await;
+    let engine = crate::common::engine::EngineHandle::start(&env.settings).await;
+    assert!(engine.readiness.may_mint() && engine.readiness.accepting());
+    assert!(engine.ids.next_id().is_ok());
+    let db = env.db().await;
+    let taken = db
+        .execute(
+            "UPDATE node_lease SET holder = gen_random_uuid(), holder_name = 'the usurper'",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert_eq!(taken, 1);
+    // The keeper renews every 5 s.
+    let readiness = engine.readiness.clone();
+    assert!(
+        crate::common::wait_until(Duration::from_secs(15), || {
+            let readiness = readiness.clone();
+            async move { !readiness.may_mint() }
+        })
+        .await,
+        "minting went on after the lease was lost"
+    );
+    assert!(!engine.readiness.accepting());
+    assert!(engine.ids.next_id().is_err());
+    engine.stop().await;
+    env.cleanup().await;
+}

@@ -778,3 +778,205 @@ async fn a_second_signal_exits_at_once_and_a_restart_loses_nothing() {
     crate::common::assert_invariants(&db).await;
     env.cleanup().await;
 }
+
+/// The first engine records the shard layout; an engine with another shard count
+/// refuses to start, naming both; `reshard` refuses while an order queue holds a
+/// message and changes the layout once the queues are empty.
+#[tokio::test]
+async fn a_changed_shard_count_is_refused_until_resharded_on_empty_queues() {
+    use lapin::options::{BasicPublishOptions, QueuePurgeOptions};
+    let env = crate::common::TestEnv::new().await;
+    let with_shards = |cmd: &mut Command, shards: &str| {
+        env_of(cmd, &env).env("SECKILL__AMQP__SHARDS", shards);
+    };
+
+    let mut cmd = engine();
+    with_shards(&mut cmd, "2");
+    let (serve, ready) = Serve::start(&mut cmd, "engine ready").await;
+    let (status, text) = serve.terminate().await;
+    assert!(ready && status.success(), "{text}");
+
+    let mut cmd = engine();
+    with_shards(&mut cmd, "3");
+    let (serve, ready) = Serve::start(&mut cmd, "engine ready").await;
+    let (status, text) = serve.wait().await;
+    assert!(!ready && !status.success(), "{text}");
+    assert!(
+        text.contains("amqp.shards = 3") && text.contains("records 2 shards"),
+        "{text}"
+    );
+
+    // A message waits in shard 1's queue: resharding would strand it.
+    let amqp = env.amqp().await;
+    let channel = amqp.create_channel().await.unwrap();
+    let queue = env.names.order_queue(1);
+    channel
+        .basic_publish(
+            "".into(),
+            queue.as_str().into(),
+            BasicPublishOptions::default(),
+            b"{}",
+            lapin::BasicProperties::default(),
+        )
+        .await
+        .unwrap()
+        .await
+        .unwrap();
+    assert!(env.wait_ready_count(&channel, &queue, 1).await);
+    let mut cmd = engine();
+    env_of(&mut cmd, &env).args(["reshard", "--shards", "3"]);
+    let out = run(&mut cmd);
+    assert!(!out.ok, "{}", out.text);
+    assert!(
+        out.text.contains(&format!("{queue}: 1 messages")),
+        "{}",
+        out.text
+    );
+
+    channel
+        .queue_purge(queue.as_str().into(), QueuePurgeOptions::default())
+        .await
+        .unwrap();
+    let mut cmd = engine();
+    env_of(&mut cmd, &env).args(["reshard", "--shards", "3"]);
+    let out = run(&mut cmd);
+    assert!(out.ok, "{}", out.text);
+    assert!(
+        out.text.contains("3 shards, shard function v2"),
+        "{}",
+        out.text
+    );
+
+    let mut cmd = engine();
+    with_shards(&mut cmd, "3");
+    let (serve, ready) = Serve::start(&mut cmd, "engine ready").await;
+    let (status, text) = serve.terminate().await;
+    assert!(ready && status.success(), "{text}");
+    seckill_engine::mq::close(&amqp, &[&channel]).await;
+    env.cleanup().await;
+}
+
+/// No secret is ever printed: for each secret-bearing key, a malformed value and a
+/// well-formed but unreachable one, through `validate` and `serve`.
+#[test]
+fn no_secret_appears_in_any_output_for_bad_values() {
+    const SECRET: &str = "s3cr3t-Pa55";
+    let cases: &[(&str, String)] = &[
+        // The URI parser quoted a URL missing `//` whole, password included.
+        (
+            "SECKILL__AMQP__URL",
+            format!("amqp:guest:{SECRET}@127.0.0.1:5672/%2f"),
+        ),
+        (
+            "SECKILL__AMQP__URL",
+            format!("amqp://guest:{SECRET}@127.0.0.1:1/%2f"),
+        ),
+        (
+            "SECKILL__AMQP__URL",
+            format!("amqp://guest:{SECRET}@127.0.0.1:5672/%2f?heartbeat=x"),
+        ),
+        (
+            "SECKILL__DATABASE__URL",
+            format!("postgres://postgres:{SECRET}@127.0.0.1:1/seckill"),
+        ),
+        (
+            "SECKILL__DATABASE__URL",
+            format!("postgres://postgres:{SECRET}@127.0.0.1:5432"),
+        ),
+        (
+            "SECKILL__DATABASE__URL",
+            format!("postgres//postgres:{SECRET}@127.0.0.1/x"),
+        ),
+        (
+            "SECKILL__REDIS__URL",
+            format!("redis://:{SECRET}@127.0.0.1:1"),
+        ),
+        ("SECKILL__REDIS__URL", format!("redis:/:{SECRET}@127.0.0.1")),
+        ("SECKILL__ADMIN__TOKEN", SECRET.to_owned()),
+    ];
+    for (key, value) in cases {
+        for command in ["validate", "serve"] {
+            let mut cmd = engine();
+            // Any free ports, so a serve that does start binds nothing in use; a
+            // serve that got that far is stopped by its failing dependency or below.
+            cmd.env(key, value)
+                .env("SECKILL__HTTP__ADDR", "127.0.0.1:0")
+                .env("SECKILL__ADMIN__ADDR", "127.0.0.1:0")
+                .env("SECKILL__DATABASE__CONNECT_TIMEOUT_MS", "2000")
+                .env("RUST_LOG", "debug")
+                .arg(command)
+                .stdout(std::process::Stdio::piped())
+                .stderr(std::process::Stdio::piped());
+            let mut child = cmd.spawn().unwrap();
+            // `serve` with only the admin token set runs: give it a moment to log
+            // whatever it logs at start, then stop it.
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+            while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+                std::thread::sleep(std::time::Duration::from_millis(50));
+            }
+            let _ = child.kill();
+            let out = child.wait_with_output().unwrap();
+            let text = format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+            assert!(!text.is_empty(), "{key} {command}: no output at all");
+            assert!(
+                !text.contains(SECRET),
+                "{key}={value:?} {command} printed the secret:\n{text}"
+            );
+        }
+    }
+}
+
+/// Instances started with one configuration lease different node ids; one asked
+/// for an id a live instance holds refuses to start, naming the holder; a clean stop
+/// gives the ids back.
+#[tokio::test]
+async fn instances_lease_distinct_node_ids_and_a_held_id_is_refused() {
+    let env = crate::common::TestEnv::new().await;
+    let db = env.db().await;
+    let (a, ready_a) = Serve::start(env_of(&mut engine(), &env), "engine ready").await;
+    let (b, ready_b) = Serve::start(env_of(&mut engine(), &env), "engine ready").await;
+    assert!(ready_a && ready_b);
+    let leases: Vec<(i16, String)> = db
+        .query(
+            "SELECT node_id, holder_name FROM node_lease ORDER BY node_id",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| (r.get(0), r.get(1)))
+        .collect();
+    assert_eq!(leases.len(), 2, "{leases:?}");
+    assert_ne!(leases[0].0, leases[1].0);
+    let (held, holder) = leases
+        .iter()
+        .find(|(_, name)| name.contains(&format!("pid {} ", a.pid())))
+        .cloned()
+        .expect("a lease names its holder's pid");
+
+    let mut cmd = engine();
+    env_of(&mut cmd, &env).env("SECKILL__ENGINE__NODE_ID", held.to_string());
+    let (c, ready_c) = Serve::start(&mut cmd, "engine ready").await;
+    let (status, text) = c.wait().await;
+    assert!(!ready_c && !status.success(), "{text}");
+    assert!(
+        text.contains(&format!("engine.node_id = {held} is held by {holder}")),
+        "{text}"
+    );
+
+    for serve in [a, b] {
+        let (status, text) = serve.terminate().await;
+        assert!(status.success(), "{text}");
+    }
+    let left: i64 = db
+        .query_one("SELECT count(*) FROM node_lease", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(left, 0, "a clean stop gives the lease back");
+    env.cleanup().await;
+}

@@ -206,7 +206,7 @@ async fn the_http_front_stage_queues_orders_and_reports_every_state() {
         .unwrap();
     let engine = EngineHandle::start(&env.settings).await;
     let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
-    let running = seckill_engine::http::front::start(&env.settings, pool)
+    let running = seckill_engine::http::front::start(&env.settings, pool, engine.ids.clone())
         .await
         .unwrap();
     let handle = running.server.handle();
@@ -304,7 +304,9 @@ async fn a_failed_publish_gives_the_reservation_back_and_answers_503() {
             ExchangeDeleteOptions::default(),
         )
         .await;
-    let running = seckill_engine::http::front::start(&env.settings, pool)
+    // No engine, so no lease: an id generator of the tests' own.
+    let ids = std::sync::Arc::new(seckill_engine::domain::ids::IdGenerator::new(1001));
+    let running = seckill_engine::http::front::start(&env.settings, pool, ids)
         .await
         .unwrap();
     let handle = running.server.handle();

@@ -696,7 +696,9 @@ async fn drive_amqp(
     let now = Utc::now();
     let msgs: Vec<OrderCreateMessage> = (1..=i64::from(args.buyers))
         .map(|user| {
-            let order_id = ids.next_id();
+            let order_id = ids
+                .next_id()
+                .expect("a generator without a lease always mints");
             OrderCreateMessage::pre_reserved(
                 order_id,
                 (activity_id, 1, user),

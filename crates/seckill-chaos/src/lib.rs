@@ -336,7 +336,7 @@ fn scenario_settings(cluster: &Cluster, name: &str) -> anyhow::Result<Settings> 
     Ok(Settings::from_figment(&figment)?)
 }
 
-fn engine_env(settings: &Settings, node: usize) -> Vec<(String, String)> {
+fn engine_env(settings: &Settings) -> Vec<(String, String)> {
     use secrecy::ExposeSecret;
     let pairs = [
         (
@@ -364,7 +364,8 @@ fn engine_env(settings: &Settings, node: usize) -> Vec<(String, String)> {
         ("SECKILL__COMPENSATION__LEASE_MS", "1500".into()),
         ("SECKILL__SWEEPER__INTERVAL_MS", "100".into()),
         ("SECKILL__SHUTDOWN__GRACE_MS", "5000".into()),
-        ("SECKILL__ENGINE__NODE_ID", (node + 1).to_string()),
+        // No engine.node_id: each engine leases one, as a restarted instance does in
+        // production (a killed engine's id stays leased until its lease expires).
         ("SECKILL__HTTP__ADDR", "127.0.0.1:0".into()),
         ("SECKILL__TELEMETRY__FORMAT", "json".into()),
         ("RUST_LOG", "info".into()),
@@ -402,7 +403,7 @@ async fn run_scenario(
     std::fs::create_dir_all(&logs)?;
     let mut started_engines = Vec::new();
     for i in 0..scenario.engines {
-        let mut env = engine_env(&settings, i);
+        let mut env = engine_env(&settings);
         env.extend(
             scenario
                 .engine_env

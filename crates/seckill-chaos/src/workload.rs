@@ -93,7 +93,9 @@ impl Plan {
         };
         let mut orders = Vec::new();
         for user in 1..=i64::from(buyers) {
-            let order_id = ids.next_id();
+            let order_id = ids
+                .next_id()
+                .expect("a generator without a lease always mints");
             let msg = OrderCreateMessage::pre_reserved(
                 order_id,
                 (activity_id, 1, user),
@@ -196,7 +198,8 @@ impl Plan {
         expire: chrono::DateTime<Utc>,
     ) -> OrderCreateMessage {
         OrderCreateMessage::pre_reserved(
-            ids.next_id(),
+            ids.next_id()
+                .expect("a generator without a lease always mints"),
             (self.activity_id, self.sku_id, 1),
             0,
             now,

@@ -27,10 +27,10 @@ pub enum Speculation {
     /// None: every step waits for its answer.
     Careful,
     /// Every message is new and the bucket holds a unit for each
-    /// (`set_based::run_fresh_transaction`).
+    /// (`whole::run_fresh_transaction`).
     Fresh,
     /// Every message is new, no order holds any of their keys, and the bucket is
-    /// empty: each is sold out (`set_based::run_sold_out_transaction`).
+    /// empty: each is sold out (`whole::run_sold_out_transaction`).
     SoldOut,
 }
 

@@ -1,5 +1,4 @@
-//! The order transaction sent whole.
-//!
+//! The order transaction sent whole. In the common case, a
 //! segment of new messages whose bucket holds their units, `run_fresh_transaction`
 //! sends the whole transaction, COMMIT included, without waiting for an answer, and
 //! the hot row is locked only from the UPDATE to the end of that COMMIT; it is
