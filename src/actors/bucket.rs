@@ -372,6 +372,14 @@ fn run_group<'a>(
             }
             Err(e) => {
                 let class = e.class();
+                if e.is_minted_id_conflict() {
+                    metrics::counter!(crate::telemetry::names::MINTED_ID_CONFLICTS_TOTAL)
+                        .increment(1);
+                    tracing::warn!(
+                        node_id = shared.ids.node_id(), error = %e,
+                        "an id this engine minted was already taken; the messages are retried with fresh ids"
+                    );
+                }
                 for run in runs {
                     log_failed(shared, key, run, &e, elapsed);
                 }

@@ -224,6 +224,9 @@ impl StoreError {
     pub fn class(&self) -> ErrorClass {
         match self {
             StoreError::PoolTimeout => ErrorClass::Transient("pool_timeout"),
+            StoreError::Db(_) if self.is_minted_id_conflict() => {
+                ErrorClass::Transient("minted_id_conflict")
+            }
             StoreError::Db(e) => match e.code() {
                 Some(state) => classify_sqlstate(state.code()),
                 // No SQLSTATE: the connection broke before COMMIT was sent, so
@@ -239,6 +242,16 @@ impl StoreError {
             // Nothing was written; the message waits until the lease is renewed (or
             // another instance, with its own id, takes it).
             StoreError::MintingStopped(_) => ErrorClass::Transient("minting_stopped"),
+        }
+    }
+
+    /// A unique violation on an id the engine minted (`sqlstate::minted_id_conflict`).
+    pub fn is_minted_id_conflict(&self) -> bool {
+        match self {
+            StoreError::Db(e) => e
+                .as_db_error()
+                .is_some_and(|db| sqlstate::minted_id_conflict(db.code().code(), db.constraint())),
+            _ => false,
         }
     }
 

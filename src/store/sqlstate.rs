@@ -29,6 +29,22 @@ pub fn classify_sqlstate(code: &str) -> ErrorClass {
     }
 }
 
+/// The unique keys on ids the engine mints itself (ledger ids from its node id;
+/// event and task ids, UUIDv7). A violation of one is the engine's fault, not the
+/// message's: two instances minted with one node id, or a clock went back. The
+/// message is tried again (with fresh ids) instead of being dead-lettered.
+const MINTED_ID_KEYS: &[&str] = &[
+    "inventory_ledger_pkey",
+    "event_outbox_pkey",
+    "compensation_task_pkey",
+];
+
+/// Whether an error with this SQLSTATE on this constraint is a collision of ids
+/// the engine minted.
+pub fn minted_id_conflict(code: &str, constraint: Option<&str>) -> bool {
+    code == "23505" && constraint.is_some_and(|c| MINTED_ID_KEYS.contains(&c))
+}
+
 /// Whether a whole-transaction retry inside the engine is worth it (seed
 /// `isWholeTransactionRetryable`): only for serialization failures and deadlocks.
 pub fn retry_in_place(code: &str) -> bool {

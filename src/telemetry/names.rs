@@ -71,6 +71,8 @@ pub const INTAKE_MESSAGE_AGE_SECONDS: &str = "seckill_intake_message_age_seconds
 pub const INTAKE_MESSAGES_TOTAL: &str = "seckill_intake_messages_total";
 /// 1 while an operator has paused intake (admin API), else 0.
 pub const INTAKE_PAUSED: &str = "seckill_intake_paused";
+/// Order transactions that hit a unique key on an id the engine minted (another instance minting with the same node id): retried with fresh ids, never dead-lettered.
+pub const MINTED_ID_CONFLICTS_TOTAL: &str = "seckill_minted_id_conflicts_total";
 /// Live per-key actors, by `kind` (`bucket`, `reservation`).
 pub const LIVE_ACTORS: &str = "seckill_live_actors";
 /// Messages waiting in actors' mailboxes, by `kind`.
@@ -153,6 +155,7 @@ pub const CATALOGUE: &[Metric] = &[
     Metric { name: INTAKE_MESSAGE_AGE_SECONDS, kind: Kind::Histogram, help: "Age of a delivery when the intake took it (publish to intake), by `kind` of queue." },
     Metric { name: INTAKE_MESSAGES_TOTAL, kind: Kind::Counter, help: "Deliveries taken from the queues, by `kind` of queue." },
     Metric { name: INTAKE_PAUSED, kind: Kind::Gauge, help: "1 while an operator has paused intake (admin API), else 0." },
+    Metric { name: MINTED_ID_CONFLICTS_TOTAL, kind: Kind::Counter, help: "Order transactions that hit a unique key on an id the engine minted (another instance minting with the same node id): retried with fresh ids, never dead-lettered." },
     Metric { name: LIVE_ACTORS, kind: Kind::Gauge, help: "Live per-key actors, by `kind` (`bucket`, `reservation`)." },
     Metric { name: MAILBOX_DEPTH, kind: Kind::Gauge, help: "Messages waiting in actors' mailboxes, by `kind`." },
     Metric { name: MAILBOX_DEPTH_MAX, kind: Kind::Gauge, help: "The deepest mailbox of a kind of actor, by `kind`." },

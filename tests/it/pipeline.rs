@@ -807,3 +807,52 @@ async fn one_message_per_transaction_never_speculates() {
         env.cleanup().await;
     }
 }
+
+/// A unique violation on a ledger id the engine minted is the engine's fault, not the
+/// message's: the message is tried again with fresh ids, never dead-lettered. A
+/// trigger plays the other instance that took the id, twice.
+#[actix_rt::test]
+async fn a_collision_on_a_minted_id_is_retried_not_dead_lettered() {
+    let env = TestEnv::new().await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 81, 1, 5, 1).await;
+    db.batch_execute(
+        // A sequence, because the failing transaction rolls back anything else.
+        "CREATE SEQUENCE ledger_inserts;
+         CREATE FUNCTION collide() RETURNS trigger LANGUAGE plpgsql AS $$
+         BEGIN
+             IF nextval('ledger_inserts') <= 2 THEN
+                 RAISE EXCEPTION 'duplicate key value violates unique constraint'
+                     USING ERRCODE = 'unique_violation',
+                           CONSTRAINT = 'inventory_ledger_pkey';
+             END IF;
+             RETURN NEW;
+         END $$;
+         CREATE TRIGGER collide BEFORE INSERT ON inventory_ledger
+             FOR EACH ROW EXECUTE FUNCTION collide();",
+    )
+    .await
+    .unwrap();
+    let msgs = vec![order(81, 1, 1, 0)];
+    run_to_settlement(&env, &db, &msgs).await;
+    let r = results(&db).await;
+    assert_eq!(code(&r, "ORDER_CREATED"), 1, "{r:?}");
+    assert_eq!(
+        count(&db, "SELECT last_value FROM ledger_inserts").await,
+        3,
+        "two collisions, then the order's ledger row"
+    );
+    // Nothing in the dead-letter queue.
+    let amqp = env.amqp().await;
+    let channel = amqp.create_channel().await.unwrap();
+    assert_eq!(
+        env.ready_count(&channel, &env.names.order_dead_queue())
+            .await,
+        0
+    );
+    seckill_engine::mq::close(&amqp, &[&channel]).await;
+    db.batch_execute("DROP TRIGGER collide ON inventory_ledger")
+        .await
+        .unwrap();
+    finish(env, &db).await;
+}
