@@ -97,9 +97,18 @@ pub async fn publish_raw(env: &TestEnv, conn: &Connection, shard: u16, bodies: &
 
 /// Publishes messages to their shards (as producers compute them) with confirms.
 pub async fn publish(env: &TestEnv, conn: &Connection, msgs: &[OrderCreateMessage]) {
+    publish_to(&env.names, env.settings.amqp.shards, conn, msgs).await
+}
+
+/// `publish` without the environment (for a task that outlives a borrow of it).
+pub async fn publish_to(
+    names: &Names,
+    shards: u16,
+    conn: &Connection,
+    msgs: &[OrderCreateMessage],
+) {
     let publisher = ConfirmedPublisher::open(conn).await.expect("publisher");
-    let exchange = env.names.orders_exchange();
-    let shards = env.settings.amqp.shards;
+    let exchange = names.orders_exchange();
     let bodies: Vec<(String, Vec<u8>, String)> = msgs
         .iter()
         .map(|m| {

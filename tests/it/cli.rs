@@ -980,3 +980,124 @@ async fn instances_lease_distinct_node_ids_and_a_held_id_is_refused() {
     assert_eq!(left, 0, "a clean stop gives the lease back");
     env.cleanup().await;
 }
+
+fn signal(pid: u32, sig: &str) {
+    let status = Command::new("kill")
+        .args([sig, &pid.to_string()])
+        .status()
+        .unwrap();
+    assert!(status.success(), "kill {sig} {pid}");
+}
+
+/// How long after `from` the order count first grew past what it was 300 ms after
+/// `from` (what the stopped instance had in flight), within `limit`.
+async fn orders_resume(
+    db: &tokio_postgres::Client,
+    from: std::time::Instant,
+    limit: std::time::Duration,
+) -> Option<std::time::Duration> {
+    tokio::time::sleep_until((from + std::time::Duration::from_millis(300)).into()).await;
+    let base = crate::common::count(db, "SELECT count(*) FROM orders").await;
+    while from.elapsed() < limit {
+        if crate::common::count(db, "SELECT count(*) FROM orders").await > base {
+            return Some(from.elapsed());
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    None
+}
+
+/// Two instances consume one shard; RabbitMQ's single active consumer makes the
+/// first active. SIGKILL of the active one: the standby makes orders within 5 s.
+/// SIGSTOP of the new active one for 20 s (its TCP connection stays open): the
+/// heartbeat lets the broker drop it and a restarted instance makes orders within
+/// 15 s; after SIGCONT, every message still has exactly one effect.
+#[tokio::test]
+async fn a_standby_takes_the_shard_within_seconds_of_a_kill_or_a_freeze() {
+    use crate::common::builders;
+    let env = crate::common::TestEnv::new().await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 91, 1, 100_000, 8).await;
+    let (a, ready_a) = Serve::start(env_of(&mut engine(), &env), "engine ready").await;
+    let (b, ready_b) = Serve::start(env_of(&mut engine(), &env), "engine ready").await;
+    assert!(ready_a && ready_b);
+
+    // A steady load: 20 new buyers every 100 ms over 8 buckets.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let published = std::sync::Arc::new(std::sync::atomic::AtomicI64::new(0));
+    let publisher = {
+        let (stop, published) = (stop.clone(), published.clone());
+        let (names, shards) = (env.names.clone(), env.settings.amqp.shards);
+        let amqp = env.amqp().await;
+        tokio::spawn(async move {
+            let mut user = 0i64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let msgs: Vec<_> = (0..20)
+                    .map(|_| {
+                        user += 1;
+                        builders::order(91, 1, user, (user % 8) as i16)
+                    })
+                    .collect();
+                builders::publish_to(&names, shards, &amqp, &msgs).await;
+                published.fetch_add(20, std::sync::atomic::Ordering::Relaxed);
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        })
+    };
+    let flowing = crate::common::wait_until(std::time::Duration::from_secs(20), || async {
+        crate::common::count(&db, "SELECT count(*) FROM orders").await > 100
+    })
+    .await;
+    assert!(flowing, "no orders before the faults");
+
+    let killed_at = std::time::Instant::now();
+    signal(a.pid(), "-KILL");
+    let after_kill = orders_resume(&db, killed_at, std::time::Duration::from_secs(10)).await;
+    let (_, text_a) = a.wait().await;
+    assert!(
+        after_kill.is_some_and(|d| d <= std::time::Duration::from_secs(5)),
+        "orders resumed {after_kill:?} after the SIGKILL\n{text_a}"
+    );
+
+    // A restarted instance stands by behind b, which is active now.
+    let (c, ready_c) = Serve::start(env_of(&mut engine(), &env), "engine ready").await;
+    assert!(ready_c);
+    let stopped_at = std::time::Instant::now();
+    signal(b.pid(), "-STOP");
+    let after_stop = orders_resume(&db, stopped_at, std::time::Duration::from_secs(20)).await;
+    let left = std::time::Duration::from_secs(20).saturating_sub(stopped_at.elapsed());
+    tokio::time::sleep(left).await;
+    signal(b.pid(), "-CONT");
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    publisher.await.unwrap();
+    let sent = published.load(std::sync::atomic::Ordering::Relaxed);
+    let settled = crate::common::wait_until(std::time::Duration::from_secs(60), || async {
+        crate::common::count(&db, "SELECT count(*) FROM consumer_inbox").await >= sent
+    })
+    .await;
+    let (status_b, text_b) = b.terminate().await;
+    let (status_c, text_c) = c.terminate().await;
+    assert!(
+        after_stop.is_some_and(|d| d <= std::time::Duration::from_secs(15)),
+        "orders resumed {after_stop:?} after the SIGSTOP\n{text_b}\n{text_c}"
+    );
+    assert!(settled, "not every message settled");
+    assert!(
+        status_b.success() && status_c.success(),
+        "{text_b}\n{text_c}"
+    );
+    // One effect each: one inbox row and one order per message, nothing else.
+    assert_eq!(
+        crate::common::count(&db, "SELECT count(*) FROM consumer_inbox").await,
+        sent
+    );
+    assert_eq!(
+        crate::common::count(&db, "SELECT count(*) FROM orders").await,
+        sent
+    );
+    crate::common::assert_invariants(&db).await;
+    eprintln!(
+        "fail-over: {sent} messages; orders resumed {after_kill:?} after SIGKILL, {after_stop:?} after SIGSTOP"
+    );
+    env.cleanup().await;
+}
