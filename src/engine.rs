@@ -23,7 +23,9 @@ use crate::mq::topology::{declare_topology, Names};
 use crate::mq::{self, MqError};
 use crate::services::compensation_worker::{CompensationConfig, CompensationWorker};
 use crate::services::gauges::GaugeSampler;
-use crate::services::node_lease::{fence_after, NodeLeaseKeeper, MARGIN as LEASE_MARGIN};
+use crate::services::node_lease::{
+    fence_after, NodeLeaseKeeper, LIVE_WINDOW, MARGIN as LEASE_MARGIN,
+};
 use crate::services::outbox_publisher::{OrderLoad, OutboxConfig, OutboxPublisher};
 use crate::services::readiness::ReadinessMonitor;
 use crate::services::reconciler::Reconciler;
@@ -143,11 +145,32 @@ impl Engine {
         let stats = Arc::new(IntakeStats::default());
         let readiness = Arc::new(Readiness::default());
         readiness.watch_minting(ids.clone());
+        // Shards by lease rank unless listed by hand; the ranks as of now.
+        readiness
+            .shards()
+            .steer(settings.amqp.owned_shards.is_empty());
+        {
+            let conn = pool.get().await?;
+            let window = LIVE_WINDOW.min(lease_ttl);
+            let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+            let live = node_lease::live_node_ids(&conn.client, window_ms)
+                .await
+                .map_err(StoreError::Db)?;
+            let (peers, rank) = node_lease::rank_of(&live, ids.node_id());
+            readiness.shards().set_peers(peers, rank);
+        }
         let mut supervisor = background_services(settings, &pool, stats.clone(), ids.clone())
             .child(NodeLeaseKeeper::NAME, {
                 let (pool, ids, holder) = (pool.clone(), ids.clone(), holder.clone());
+                let readiness = readiness.clone();
                 child(move || {
-                    NodeLeaseKeeper::new(pool.clone(), ids.clone(), holder.clone(), lease_ttl)
+                    NodeLeaseKeeper::new(
+                        pool.clone(),
+                        ids.clone(),
+                        holder.clone(),
+                        lease_ttl,
+                        readiness.clone(),
+                    )
                 })
             })
             .child(ReadinessMonitor::NAME, {
@@ -178,6 +201,7 @@ impl Engine {
                 format!("intake:{queue}"),
                 intake.child(
                     queue,
+                    Some(shard),
                     names.order_retry_queue(shard),
                     names.order_dead_queue(),
                     work,
@@ -194,6 +218,7 @@ impl Engine {
             format!("intake:{payment_queue}"),
             intake.child(
                 payment_queue,
+                None,
                 names.payment_retry_queue(),
                 names.payment_dead_queue(),
                 work,
@@ -292,12 +317,14 @@ impl IntakeStarter<'_> {
     fn child<W: IntakeWork>(
         &self,
         queue: Arc<str>,
+        shard: Option<u16>,
         retry_queue: String,
         dead_queue: String,
         work: W,
     ) -> ChildFactory {
         let config = IntakeConfig {
             name: format!("intake:{queue}"),
+            shard,
             amqp: self.settings.amqp.clone(),
             prefetch: self.settings.prefetch(),
             routes: IntakeRoutes {

@@ -3,8 +3,9 @@
 //! settled them, `AckCounts`) and whether the engine takes work (`Readiness`). It sits low so that readers need not import the
 //! actors that write it.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::collections::BTreeSet;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::domain::ids::IdGenerator;
 
@@ -111,6 +112,7 @@ pub struct Readiness {
     ready: AtomicBool,
     paused: AtomicBool,
     ids: OnceLock<Arc<IdGenerator>>,
+    shards: Shards,
 }
 
 impl Default for Readiness {
@@ -119,6 +121,7 @@ impl Default for Readiness {
             ready: AtomicBool::new(true),
             paused: AtomicBool::new(false),
             ids: OnceLock::new(),
+            shards: Shards::default(),
         }
     }
 }
@@ -151,6 +154,10 @@ impl Readiness {
     pub fn node_id(&self) -> Option<u16> {
         self.ids.get().map(|ids| ids.node_id())
     }
+    /// Which shards this instance owns and is active on.
+    pub fn shards(&self) -> &Shards {
+        &self.shards
+    }
     /// Whether the intakes should consume now.
     pub fn accepting(&self) -> bool {
         self.is_ready() && !self.is_paused() && self.may_mint()
@@ -177,5 +184,93 @@ impl AckCounts {
     pub(crate) fn record_frame(&self, messages: u64) {
         self.frames.fetch_add(1, Ordering::Relaxed);
         self.messages.fetch_add(messages, Ordering::Relaxed);
+    }
+}
+
+/// Shard ownership among the live instances, and the shards this one is active on
+/// (docs/DESIGN.md, "Scale-out"). Every instance registers on every shard queue and
+/// RabbitMQ's single active consumer picks one consumer per queue; shard `s` belongs
+/// to the instance whose node id ranks `s mod K` among the K live node leases. An
+/// intake that finds itself active on a shard it does not own hands it back: it
+/// settles what it holds and registers again at the back of the queue's consumers.
+#[derive(Debug, Default)]
+pub struct Shards {
+    /// Off when `amqp.owned_shards` lists the shards by hand: never hand back.
+    steer: AtomicBool,
+    /// Live instances (K) and this one's rank among them; K = 0 until known.
+    peers: AtomicU32,
+    rank: AtomicU32,
+    active: Mutex<BTreeSet<u16>>,
+}
+
+impl Shards {
+    /// Turns steering on (ownership by lease rank) or off (explicit shards).
+    pub fn steer(&self, on: bool) {
+        self.steer.store(on, Ordering::Relaxed);
+    }
+    /// The live instances and this one's rank among them (the lease keeper's view).
+    pub fn set_peers(&self, peers: u32, rank: u32) {
+        self.peers.store(peers, Ordering::Relaxed);
+        self.rank.store(rank, Ordering::Relaxed);
+    }
+    /// (K, rank) as last seen.
+    pub fn peers(&self) -> (u32, u32) {
+        (
+            self.peers.load(Ordering::Relaxed),
+            self.rank.load(Ordering::Relaxed),
+        )
+    }
+    /// Whether this instance owns `shard` now.
+    pub fn owns(&self, shard: u16) -> bool {
+        if !self.steer.load(Ordering::Relaxed) {
+            return true;
+        }
+        let (peers, rank) = self.peers();
+        peers == 0 || u32::from(shard) % peers == rank
+    }
+    /// The intake of `shard` received deliveries: it is the active consumer. True if
+    /// it was not before.
+    pub fn acquired(&self, shard: u16) -> bool {
+        self.active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .insert(shard)
+    }
+    /// The intake of `shard` cancelled its consumer or lost its connection. True if
+    /// it was active.
+    pub fn lost(&self, shard: u16) -> bool {
+        self.active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .remove(&shard)
+    }
+    /// The shards this instance is active on (has received deliveries on since it
+    /// last registered).
+    pub fn active(&self) -> Vec<u16> {
+        self.active
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .iter()
+            .copied()
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Shards;
+
+    #[test]
+    fn shards_belong_to_the_rank_s_mod_k() {
+        let s = Shards::default();
+        assert!(s.owns(5), "not steering: everything");
+        s.steer(true);
+        assert!(s.owns(5), "no peers known yet: everything");
+        s.set_peers(3, 1);
+        let mine: Vec<u16> = (0..6).filter(|&x| s.owns(x)).collect();
+        assert_eq!(mine, vec![1, 4]);
+        assert!(s.acquired(1) && !s.acquired(1));
+        assert_eq!(s.active(), vec![1]);
+        assert!(s.lost(1) && !s.lost(1));
     }
 }

@@ -142,6 +142,9 @@ impl IntakeWork for PaymentWork {
 pub struct IntakeConfig {
     /// The name the supervisor knows it by.
     pub name: String,
+    /// The order shard this intake consumes (None: the payment queue), whose
+    /// ownership it follows (`status::Shards`).
+    pub shard: Option<u16>,
     pub amqp: AmqpSettings,
     pub prefetch: u16,
     pub routes: IntakeRoutes,
@@ -165,7 +168,18 @@ pub struct Intake<W: IntakeWork> {
     resuming: bool,
     /// Consumer streams cancelled for a pause whose end is still to come.
     cancelled_streams: usize,
+    /// Deliveries came since the consumer last registered: it is the active one.
+    active: bool,
+    /// Active on a shard another instance owns: cancel and register again.
+    handing_back: bool,
+    /// When this intake last handed its shard back: at most one hand-back per
+    /// `HAND_BACK_EVERY`, so two instances that both think a third (crashed) owns a
+    /// shard do not pass it to and fro until the third drops out of the ranks.
+    handed_back_at: Option<std::time::Instant>,
 }
+
+/// The least time between two hand-backs of one intake.
+const HAND_BACK_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
 struct Link {
     connection: Arc<lapin::Connection>,
@@ -196,6 +210,49 @@ impl<W: IntakeWork> Intake<W> {
             paused: false,
             resuming: false,
             cancelled_streams: 0,
+            active: false,
+            handing_back: false,
+            handed_back_at: None,
+        }
+    }
+
+    /// Deliveries arrived: this consumer is the active one of its shard. If another
+    /// instance owns the shard, hand it back (the poll cancels and registers again).
+    fn note_active(&mut self) {
+        let Some(shard) = self.config.shard else {
+            return;
+        };
+        if !self.active {
+            self.active = true;
+            if self.readiness.shards().acquired(shard) {
+                let label = shard.to_string();
+                metrics::counter!(crate::telemetry::names::SHARD_ACQUIRED_TOTAL, "shard" => label)
+                    .increment(1);
+                tracing::info!(shard, "active on the shard");
+            }
+        }
+        let cooling = self
+            .handed_back_at
+            .is_some_and(|at| at.elapsed() < HAND_BACK_EVERY);
+        if !self.handing_back && !cooling && !self.readiness.shards().owns(shard) {
+            self.handing_back = true;
+            self.handed_back_at = Some(std::time::Instant::now());
+            tracing::info!(
+                shard,
+                "active on a shard another instance owns; handing it back"
+            );
+        }
+    }
+
+    /// The consumer was cancelled or its connection lost: no longer active.
+    fn note_inactive(&mut self) {
+        let Some(shard) = self.config.shard else {
+            return;
+        };
+        if std::mem::take(&mut self.active) && self.readiness.shards().lost(shard) {
+            let label = shard.to_string();
+            metrics::counter!(crate::telemetry::names::SHARD_LOST_TOTAL, "shard" => label)
+                .increment(1);
         }
     }
 
@@ -205,9 +262,20 @@ impl<W: IntakeWork> Intake<W> {
         if self.stopping || self.resuming {
             return;
         }
-        let Some(link) = &self.link else { return };
-        let ready = self.readiness.accepting();
+        if self.link.is_none() {
+            return;
+        }
+        if self.paused {
+            // Not consuming: nothing to hand back.
+            self.handing_back = false;
+        }
+        // A hand-back is a pause of one poll: the cancel lets RabbitMQ activate the
+        // next consumer, and consuming again puts this one at the back of the line.
+        let ready = self.readiness.accepting() && !self.handing_back;
         if !ready && !self.paused {
+            self.note_inactive();
+            self.handing_back = false;
+            let Some(link) = &self.link else { return };
             self.paused = true;
             self.cancelled_streams += 1;
             let (channel, tag) = (link.channel.clone(), link.consumer_tag.clone());
@@ -218,6 +286,7 @@ impl<W: IntakeWork> Intake<W> {
                     .await;
             });
         } else if ready && self.paused {
+            let Some(link) = &self.link else { return };
             self.resuming = true;
             let channel = link.channel.clone();
             let queue = self.config.routes.queue.clone();
@@ -343,6 +412,7 @@ impl<W: IntakeWork> Actor for Intake<W> {
 
 impl<W: IntakeWork> Drop for Intake<W> {
     fn drop(&mut self) {
+        self.note_inactive();
         if self.link.is_some() {
             self.stats.consuming_stopped();
         }
@@ -397,6 +467,7 @@ impl<W: IntakeWork> StreamHandler<Result<Delivery, lapin::Error>> for Intake<W> 
             return;
         };
         let outlet = link.outlet.clone();
+        self.note_active();
         metrics::counter!(crate::telemetry::names::INTAKE_MESSAGES_TOTAL, "kind" => W::KIND)
             .increment(1);
         observe_age(W::KIND, &delivery.properties);
@@ -433,6 +504,7 @@ impl<W: IntakeWork> StreamHandler<Result<Delivery, lapin::Error>> for Intake<W> 
     }
 
     fn finished(&mut self, ctx: &mut Self::Context) {
+        self.note_inactive();
         if self.stopping {
             ctx.stop();
             return;

@@ -71,54 +71,70 @@ async fn livez() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
 }
 
-/// 200 only when PostgreSQL (with a current schema), RabbitMQ (every intake
-/// consuming) and Redis answer; otherwise 503 naming the failing parts.
+/// One shape for every part that reports readiness:
+/// `{"ready": bool, "node_id": N, "active_shards": [..], "checks": {"postgres":
+/// "ok"|reason, "rabbitmq": .., "redis": .., "intake": .., "node_id": ..}}`. 200 when
+/// every check is "ok"; 503 otherwise (an operator pause included). Standing by for
+/// shards another instance is active on is ready.
 async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
-    let mut failing = serde_json::Map::new();
-    match admin.pool.get().await {
-        Ok(mut conn) => {
-            if let Err(e) = migrate::verify(&mut conn.client).await {
-                failing.insert("postgres".into(), json!(e.to_string()));
-            }
-        }
-        Err(e) => {
-            failing.insert("postgres".into(), json!(e.to_string()));
-        }
-    }
-    if !admin.readiness.may_mint() {
-        failing.insert(
-            "node_id".into(),
-            json!(format!(
-                "the lease on node id {} is not current: no ids are minted",
-                admin.readiness.node_id().unwrap_or_default()
-            )),
-        );
-    }
+    const OK: &str = "ok";
+    let mut checks = serde_json::Map::new();
+    let postgres = match admin.pool.get().await {
+        Ok(mut conn) => match migrate::verify(&mut conn.client).await {
+            Ok(()) => OK.to_owned(),
+            Err(e) => e.to_string(),
+        },
+        Err(e) => e.to_string(),
+    };
+    checks.insert("postgres".into(), json!(postgres));
     let consuming = admin.intakes.consuming();
-    if admin.readiness.is_paused() {
-        failing.insert("intake".into(), json!("paused by an operator"));
-    } else if consuming < admin.expected_intakes {
-        failing.insert(
-            "rabbitmq".into(),
-            json!(format!(
-                "{consuming} of {} intakes consuming",
-                admin.expected_intakes
-            )),
-        );
-    }
+    let paused = admin.readiness.is_paused();
+    let rabbitmq = if paused || consuming >= admin.expected_intakes {
+        OK.to_owned()
+    } else {
+        format!(
+            "{consuming} of {} intakes consuming",
+            admin.expected_intakes
+        )
+    };
+    checks.insert("rabbitmq".into(), json!(rabbitmq));
     let redis = async {
         let mut conn = crate::redis::connect(&admin.redis).await?;
         crate::redis::commands::ping(&mut conn).await
     };
-    if let Err(e) = redis.await {
-        failing.insert("redis".into(), json!(e.to_string()));
-    }
-    let ready = failing.is_empty();
+    let redis = match redis.await {
+        Ok(()) => OK.to_owned(),
+        Err(e) => e.to_string(),
+    };
+    checks.insert("redis".into(), json!(redis));
+    checks.insert(
+        "intake".into(),
+        json!(if paused { "paused by an operator" } else { OK }),
+    );
+    let node_id = admin.readiness.node_id();
+    checks.insert(
+        "node_id".into(),
+        json!(if admin.readiness.may_mint() {
+            OK.to_owned()
+        } else {
+            format!(
+                "the lease on node id {} is not current: no ids are minted",
+                node_id.unwrap_or_default()
+            )
+        }),
+    );
+    let ready = checks.values().all(|v| v == OK);
     metrics::gauge!(crate::telemetry::names::READY).set(if ready { 1.0 } else { 0.0 });
+    let body = json!({
+        "ready": ready,
+        "node_id": node_id,
+        "active_shards": admin.readiness.shards().active(),
+        "checks": checks,
+    });
     if ready {
-        HttpResponse::Ok().json(json!({"status": "ready"}))
+        HttpResponse::Ok().json(body)
     } else {
-        HttpResponse::ServiceUnavailable().json(json!({"status": "not_ready", "failing": failing}))
+        HttpResponse::ServiceUnavailable().json(body)
     }
 }
 

@@ -81,6 +81,28 @@ pub async fn renew(
         == 1)
 }
 
+/// The node ids of every instance whose lease was renewed within `window_ms`,
+/// ascending: the ranks that decide shard ownership.
+pub async fn live_node_ids(
+    client: &Client,
+    window_ms: i64,
+) -> Result<Vec<u16>, tokio_postgres::Error> {
+    Ok(client
+        .query(LIVE_NODE_IDS, &[&window_ms])
+        .await?
+        .iter()
+        .map(|r| r.get::<_, i16>(0) as u16)
+        .collect())
+}
+
+/// K and the rank of `node_id` among `live` (K = 0 when it is not among them).
+pub fn rank_of(live: &[u16], node_id: u16) -> (u32, u32) {
+    match live.iter().position(|n| *n == node_id) {
+        Some(rank) => (live.len() as u32, rank as u32),
+        None => (0, 0),
+    }
+}
+
 /// Gives the id back at a clean stop, so a restart need not wait for the TTL.
 pub async fn release(
     client: &Client,
@@ -135,5 +157,10 @@ FROM node_lease WHERE node_id = $1";
 const RENEW: &str = "
 UPDATE node_lease SET renewed_at = clock_timestamp()
 WHERE node_id = $1 AND holder = $2";
+
+const LIVE_NODE_IDS: &str = "
+SELECT node_id FROM node_lease
+WHERE renewed_at > clock_timestamp() - make_interval(secs => $1::int8 / 1000.0)
+ORDER BY node_id";
 
 const RELEASE: &str = "DELETE FROM node_lease WHERE node_id = $1 AND holder = $2";

@@ -73,6 +73,10 @@ pub const INTAKE_MESSAGES_TOTAL: &str = "seckill_intake_messages_total";
 pub const INTAKE_PAUSED: &str = "seckill_intake_paused";
 /// Order transactions that hit a unique key on an id the engine minted (another instance minting with the same node id): retried with fresh ids, never dead-lettered.
 pub const MINTED_ID_CONFLICTS_TOTAL: &str = "seckill_minted_id_conflicts_total";
+/// Times this instance became the active consumer of an order shard, by `shard`.
+pub const SHARD_ACQUIRED_TOTAL: &str = "seckill_shard_acquired_total";
+/// Times this instance stopped being the active consumer of an order shard (hand-back, pause or lost connection), by `shard`.
+pub const SHARD_LOST_TOTAL: &str = "seckill_shard_lost_total";
 /// Live per-key actors, by `kind` (`bucket`, `reservation`).
 pub const LIVE_ACTORS: &str = "seckill_live_actors";
 /// Messages waiting in actors' mailboxes, by `kind`.
@@ -156,6 +160,8 @@ pub const CATALOGUE: &[Metric] = &[
     Metric { name: INTAKE_MESSAGES_TOTAL, kind: Kind::Counter, help: "Deliveries taken from the queues, by `kind` of queue." },
     Metric { name: INTAKE_PAUSED, kind: Kind::Gauge, help: "1 while an operator has paused intake (admin API), else 0." },
     Metric { name: MINTED_ID_CONFLICTS_TOTAL, kind: Kind::Counter, help: "Order transactions that hit a unique key on an id the engine minted (another instance minting with the same node id): retried with fresh ids, never dead-lettered." },
+    Metric { name: SHARD_ACQUIRED_TOTAL, kind: Kind::Counter, help: "Times this instance became the active consumer of an order shard, by `shard`." },
+    Metric { name: SHARD_LOST_TOTAL, kind: Kind::Counter, help: "Times this instance stopped being the active consumer of an order shard (hand-back, pause or lost connection), by `shard`." },
     Metric { name: LIVE_ACTORS, kind: Kind::Gauge, help: "Live per-key actors, by `kind` (`bucket`, `reservation`)." },
     Metric { name: MAILBOX_DEPTH, kind: Kind::Gauge, help: "Messages waiting in actors' mailboxes, by `kind`." },
     Metric { name: MAILBOX_DEPTH_MAX, kind: Kind::Gauge, help: "The deepest mailbox of a kind of actor, by `kind`." },

@@ -242,7 +242,9 @@ async fn pause_stops_consumption_and_resume_takes_the_backlog() {
     );
     let (status, body) = api.call("GET", "/readyz", None, None).await;
     assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
-    assert_eq!(body["failing"]["intake"], json!("paused by an operator"));
+    assert_eq!(body["checks"]["intake"], json!("paused by an operator"));
+    assert_eq!(body["ready"], json!(false));
+    assert_eq!(body["checks"]["postgres"], json!("ok"));
 
     let msgs: Vec<_> = (1..=30).map(|user| order(32, 1, user, 0)).collect();
     builders::publish(&env, &amqp, &msgs).await;

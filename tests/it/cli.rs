@@ -1101,3 +1101,300 @@ async fn a_standby_takes_the_shard_within_seconds_of_a_kill_or_a_freeze() {
     );
     env.cleanup().await;
 }
+
+/// Three instances started with one configuration and six shards share them by
+/// themselves: each becomes active on two (the shards of its node id's rank among
+/// the live leases) within 30 s while traffic flows; 9,000 messages over 64 buckets,
+/// a tenth of them delivered twice, each have one effect, and every instance made
+/// orders.
+#[actix_rt::test]
+async fn three_instances_share_six_shards_two_each() {
+    use crate::common::builders;
+    let env = crate::common::TestEnv::with(|f| {
+        f.merge(figment::providers::Serialized::default("amqp.shards", 6))
+    })
+    .await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 92, 1, 100_000, 64).await;
+    let mut instances = Vec::new();
+    for _ in 0..3 {
+        let admin = format!("127.0.0.1:{}", crate::common::free_port());
+        let mut cmd = engine();
+        env_of(&mut cmd, &env)
+            .env("SECKILL__AMQP__SHARDS", "6")
+            .env("SECKILL__ADMIN__ADDR", &admin);
+        let (serve, ready) = Serve::start(&mut cmd, "engine ready").await;
+        assert!(ready);
+        instances.push((serve, admin));
+    }
+    let last_start = std::time::Instant::now();
+
+    // 9,000 deliveries at about 300 a second: 8,182 messages, and a tenth as many
+    // copies of earlier ones (same message id: duplicate deliveries).
+    let (names, shards) = (env.names.clone(), 6u16);
+    let amqp = env.amqp().await;
+    let publisher = tokio::spawn(async move {
+        let mut sent: Vec<seckill_engine::domain::message::OrderCreateMessage> = Vec::new();
+        let mut deliveries = 0;
+        let mut user = 0i64;
+        while deliveries < 9_000 {
+            let mut batch = Vec::new();
+            for _ in 0..30 {
+                if deliveries % 11 == 10 && !sent.is_empty() {
+                    batch.push(sent[(deliveries * 7919) % sent.len()].clone());
+                } else {
+                    user += 1;
+                    let msg = builders::order(92, 1, user, (user % 64) as i16);
+                    sent.push(msg.clone());
+                    batch.push(msg);
+                }
+                deliveries += 1;
+            }
+            builders::publish_to(&names, shards, &amqp, &batch).await;
+            tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+        }
+        sent.len() as i64
+    });
+
+    let client = awc::Client::default();
+    let active = |admin: String| {
+        let client = client.clone();
+        async move {
+            let mut res = client
+                .get(format!("http://{admin}/readyz"))
+                .send()
+                .await
+                .ok()?;
+            let body: serde_json::Value = res.json().await.ok()?;
+            let shards: Vec<u64> = body["active_shards"]
+                .as_array()?
+                .iter()
+                .filter_map(|s| s.as_u64())
+                .collect();
+            Some(shards)
+        }
+    };
+    let mut spread = None;
+    while last_start.elapsed() < std::time::Duration::from_secs(30) {
+        let mut all = Vec::new();
+        for (_, admin) in &instances {
+            all.push(active(admin.clone()).await.unwrap_or_default());
+        }
+        if all.iter().all(|a| a.len() == 2) {
+            spread = Some((last_start.elapsed(), all));
+            break;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    let messages = publisher.await.unwrap();
+    let settled = crate::common::wait_until(std::time::Duration::from_secs(90), || async {
+        crate::common::count(&db, "SELECT count(*) FROM consumer_inbox").await >= messages
+    })
+    .await;
+    let mut texts = String::new();
+    for (serve, _) in instances {
+        let (status, text) = serve.terminate().await;
+        assert!(status.success(), "{text}");
+        texts.push_str(&text);
+    }
+    let (took, active_shards) =
+        spread.unwrap_or_else(|| panic!("no even spread within 30 s\n{texts}"));
+    let mut union: Vec<u64> = active_shards.iter().flatten().copied().collect();
+    union.sort_unstable();
+    assert_eq!(union, vec![0, 1, 2, 3, 4, 5], "{active_shards:?}");
+    assert!(settled, "not every message settled");
+    assert_eq!(
+        crate::common::count(&db, "SELECT count(*) FROM consumer_inbox").await,
+        messages
+    );
+    assert_eq!(
+        crate::common::count(&db, "SELECT count(*) FROM orders").await,
+        messages
+    );
+    crate::common::assert_invariants(&db).await;
+    // The node id is bits 12..22 of a ledger id: every instance made orders.
+    let nodes = crate::common::count(
+        &db,
+        "SELECT count(DISTINCT (ledger_id >> 12) & 1023) FROM inventory_ledger",
+    )
+    .await;
+    assert_eq!(nodes, 3, "orders were made by {nodes} instances");
+    eprintln!("spread: {active_shards:?} after {took:?}; {messages} messages, 9,000 deliveries");
+    env.cleanup().await;
+}
+
+/// Starts `serve` for `env` with `shards` shards on a known admin address.
+async fn serve_on_shards(env: &crate::common::TestEnv, shards: u16) -> (Serve, String) {
+    let admin = format!("127.0.0.1:{}", crate::common::free_port());
+    let mut cmd = engine();
+    env_of(&mut cmd, env)
+        .env("SECKILL__AMQP__SHARDS", shards.to_string())
+        .env("SECKILL__ADMIN__ADDR", &admin);
+    let (serve, ready) = Serve::start(&mut cmd, "engine ready").await;
+    assert!(ready, "an instance did not start");
+    (serve, admin)
+}
+
+/// The shards an instance's /readyz says it is active on (None: no answer).
+async fn active_shards(client: &awc::Client, admin: &str) -> Option<Vec<u64>> {
+    let mut res = client
+        .get(format!("http://{admin}/readyz"))
+        .send()
+        .await
+        .ok()?;
+    let body: serde_json::Value = res.json().await.ok()?;
+    Some(
+        body["active_shards"]
+            .as_array()?
+            .iter()
+            .filter_map(|s| s.as_u64())
+            .collect(),
+    )
+}
+
+/// Polls the instances until `done` holds for their active shards, within `limit`.
+async fn wait_shards(
+    client: &awc::Client,
+    admins: &[String],
+    limit: std::time::Duration,
+    done: impl Fn(&[Vec<u64>]) -> bool,
+) -> Option<(std::time::Duration, Vec<Vec<u64>>)> {
+    let from = std::time::Instant::now();
+    while from.elapsed() < limit {
+        let mut all = Vec::new();
+        for admin in admins {
+            all.push(active_shards(client, admin).await.unwrap_or_default());
+        }
+        if done(&all) {
+            return Some((from.elapsed(), all));
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
+    }
+    None
+}
+
+/// SIGKILL of the instance active on shard 0 under a steady load: the others are
+/// active on its shards within 5 s; a restarted instance gets two shards back within
+/// 30 s; every message has one effect.
+#[actix_rt::test]
+async fn a_killed_instance_s_shards_move_and_a_restart_gets_its_share_back() {
+    use crate::common::builders;
+    let env = crate::common::TestEnv::with(|f| {
+        f.merge(figment::providers::Serialized::default("amqp.shards", 6))
+    })
+    .await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 93, 1, 200_000, 64).await;
+    let mut instances = Vec::new();
+    for _ in 0..3 {
+        instances.push(serve_on_shards(&env, 6).await);
+    }
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (names, amqp) = (env.names.clone(), env.amqp().await);
+    let publisher = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut user = 0i64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let batch: Vec<_> = (0..30)
+                    .map(|_| {
+                        user += 1;
+                        builders::order(93, 1, user, (user % 64) as i16)
+                    })
+                    .collect();
+                builders::publish_to(&names, 6, &amqp, &batch).await;
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            user
+        })
+    };
+    let client = awc::Client::default();
+    let admins: Vec<String> = instances.iter().map(|(_, a)| a.clone()).collect();
+    let two_each = |all: &[Vec<u64>]| all.iter().all(|a| a.len() == 2);
+    let spread = wait_shards(
+        &client,
+        &admins,
+        std::time::Duration::from_secs(30),
+        two_each,
+    )
+    .await;
+    assert!(spread.is_some(), "no even spread within 30 s");
+
+    let victim = {
+        let mut found = None;
+        for (i, admin) in admins.iter().enumerate() {
+            if active_shards(&client, admin)
+                .await
+                .unwrap_or_default()
+                .contains(&0)
+            {
+                found = Some(i);
+            }
+        }
+        found.expect("an instance is active on shard 0")
+    };
+    let (killed, _) = instances.remove(victim);
+    signal(killed.pid(), "-KILL");
+    let _ = killed.wait().await;
+    let survivors: Vec<String> = instances.iter().map(|(_, a)| a.clone()).collect();
+    let all_six = |all: &[Vec<u64>]| {
+        let mut union: Vec<u64> = all.iter().flatten().copied().collect();
+        union.sort_unstable();
+        union.dedup();
+        union.len() == 6
+    };
+    let taken = wait_shards(
+        &client,
+        &survivors,
+        std::time::Duration::from_secs(5),
+        all_six,
+    )
+    .await;
+
+    instances.push(serve_on_shards(&env, 6).await);
+    let admins: Vec<String> = instances.iter().map(|(_, a)| a.clone()).collect();
+    let back = wait_shards(
+        &client,
+        &admins,
+        std::time::Duration::from_secs(30),
+        two_each,
+    )
+    .await;
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let messages = publisher.await.unwrap();
+    let settled = crate::common::wait_until(std::time::Duration::from_secs(90), || async {
+        crate::common::count(&db, "SELECT count(*) FROM consumer_inbox").await >= messages
+    })
+    .await;
+    let mut texts = String::new();
+    for (serve, _) in instances {
+        let (_, text) = serve.terminate().await;
+        texts.push_str(&text);
+    }
+    assert!(
+        taken.is_some(),
+        "the killed instance's shards were not all taken within 5 s\n{texts}"
+    );
+    assert!(
+        back.is_some(),
+        "the restarted instance did not get its share within 30 s\n{texts}"
+    );
+    assert!(settled, "not every message settled");
+    assert_eq!(
+        crate::common::count(&db, "SELECT count(*) FROM consumer_inbox").await,
+        messages
+    );
+    assert_eq!(
+        crate::common::count(&db, "SELECT count(*) FROM orders").await,
+        messages
+    );
+    crate::common::assert_invariants(&db).await;
+    eprintln!(
+        "kill: shards taken after {:?}; the restart had two after {:?} ({:?}); {messages} messages",
+        taken.map(|t| t.0),
+        back.as_ref().map(|b| b.0),
+        back.as_ref().map(|b| b.1.clone())
+    );
+    env.cleanup().await;
+}
