@@ -1118,14 +1118,7 @@ async fn three_instances_share_six_shards_two_each() {
     builders::activity(&mut db, 92, 1, 100_000, 64).await;
     let mut instances = Vec::new();
     for _ in 0..3 {
-        let admin = format!("127.0.0.1:{}", crate::common::free_port());
-        let mut cmd = engine();
-        env_of(&mut cmd, &env)
-            .env("SECKILL__AMQP__SHARDS", "6")
-            .env("SECKILL__ADMIN__ADDR", &admin);
-        let (serve, ready) = Serve::start(&mut cmd, "engine ready").await;
-        assert!(ready);
-        instances.push((serve, admin));
+        instances.push(serve_on_shards(&env, 6).await);
     }
     let last_start = std::time::Instant::now();
 
@@ -1157,35 +1150,13 @@ async fn three_instances_share_six_shards_two_each() {
     });
 
     let client = awc::Client::default();
-    let active = |admin: String| {
-        let client = client.clone();
-        async move {
-            let mut res = client
-                .get(format!("http://{admin}/readyz"))
-                .send()
-                .await
-                .ok()?;
-            let body: serde_json::Value = res.json().await.ok()?;
-            let shards: Vec<u64> = body["active_shards"]
-                .as_array()?
-                .iter()
-                .filter_map(|s| s.as_u64())
-                .collect();
-            Some(shards)
-        }
-    };
-    let mut spread = None;
-    while last_start.elapsed() < std::time::Duration::from_secs(30) {
-        let mut all = Vec::new();
-        for (_, admin) in &instances {
-            all.push(active(admin.clone()).await.unwrap_or_default());
-        }
-        if all.iter().all(|a| a.len() == 2) {
-            spread = Some((last_start.elapsed(), all));
-            break;
-        }
-        tokio::time::sleep(std::time::Duration::from_millis(250)).await;
-    }
+    let admins: Vec<String> = instances.iter().map(|(_, a)| a.clone()).collect();
+    let limit = std::time::Duration::from_secs(30).saturating_sub(last_start.elapsed());
+    let spread = wait_shards(&client, &admins, limit, |all| {
+        all.iter().all(|a| a.len() == 2)
+    })
+    .await
+    .map(|(_, shards)| (last_start.elapsed(), shards));
     let messages = publisher.await.unwrap();
     let settled = crate::common::wait_until(std::time::Duration::from_secs(90), || async {
         crate::common::count(&db, "SELECT count(*) FROM consumer_inbox").await >= messages
