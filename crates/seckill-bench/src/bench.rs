@@ -492,6 +492,9 @@ fn run_latency(before: &[(f64, u64)], after: &[(f64, u64)]) -> Option<RunLatency
     })
 }
 
+/// The reference schema (migration V1) the pgbench replay is set up with.
+const V1_SCHEMA: &str = include_str!("../../../migrations/V1__schema.sql");
+
 /// Finds the pgbench baseline's `run` script at run time, so a copied binary can
 /// run its baseline too: the flag, else `pgbench/` beside the executable, else
 /// `bench/pgbench` under the working directory.
@@ -542,6 +545,11 @@ fn pgbench(
     println!(
         "bench: pgbench baseline, {buckets} buckets, {clients} clients, {batch} orders per transaction, {seconds} s ..."
     );
+    // The reference DDL the replay runs on, carried in this binary so that a copied
+    // bench needs only its pgbench/ folder beside it.
+    let schema =
+        std::env::temp_dir().join(format!("seckill-bench-schema-{}.sql", std::process::id()));
+    std::fs::write(&schema, V1_SCHEMA).with_context(|| format!("writing {}", schema.display()))?;
     let out = std::process::Command::new(script)
         .args([
             "--buckets",
@@ -556,9 +564,11 @@ fn pgbench(
         .env("PGHOST", host)
         .env("PGPORT", port.to_string())
         .env("PGUSER", user)
+        .env("SECKILL_SCHEMA_FILE", &schema)
         .stderr(std::process::Stdio::inherit())
         .output()
         .with_context(|| format!("running {}", script.display()))?;
+    let _ = std::fs::remove_file(&schema);
     let text = String::from_utf8_lossy(&out.stdout);
     if !out.status.success() {
         bail!("{} failed ({}): {text}", script.display(), out.status);
