@@ -342,7 +342,7 @@ async fn order(front: web::Data<FrontStage>, path: web::Path<i64>) -> HttpRespon
             HttpResponse::Ok().json(json!({
                 "order_id": order_id,
                 "order_no": o.order_no,
-                "status": name.to_ascii_uppercase(),
+                "status": screaming_snake(name),
                 "activity_id": o.activity_id,
                 "sku_id": o.sku_id,
                 "user_id": o.user_id,
@@ -382,4 +382,27 @@ pub async fn start(
     let server = server.run();
     tracing::info!(%addr, "front stage listening");
     Ok(Running { server, addr })
+}
+
+/// `RefundPending` → `REFUND_PENDING`: the status names the API answers with.
+fn screaming_snake(name: &str) -> String {
+    let mut out = String::with_capacity(name.len() + 4);
+    for (i, c) in name.chars().enumerate() {
+        if c.is_ascii_uppercase() && i > 0 {
+            out.push('_');
+        }
+        out.push(c.to_ascii_uppercase());
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::screaming_snake;
+
+    #[test]
+    fn status_names_are_screaming_snake_case() {
+        assert_eq!(screaming_snake("RefundPending"), "REFUND_PENDING");
+        assert_eq!(screaming_snake("Created"), "CREATED");
+    }
 }

@@ -30,7 +30,24 @@ pub type ChildFactory = Box<dyn Fn(Recipient<ChildFailed>) -> Recipient<StopChil
 struct Child {
     start: ChildFactory,
     running: Option<Recipient<StopChild>>,
+    /// Restarts in all (reported by `Restarts`).
     restarts: u32,
+    /// Failures since the child last ran for `STABLE`: the backoff grows with these
+    /// only, so a child that failed now and then over days is not held back 30 s.
+    streak: u32,
+    started_at: Option<std::time::Instant>,
+}
+
+/// A child that ran this long before failing starts its backoff over.
+const STABLE: Duration = Duration::from_secs(60);
+
+/// The failure streak after a failure of a child that ran for `ran`.
+fn next_streak(streak: u32, ran: Option<Duration>) -> u32 {
+    if ran.is_some_and(|ran| ran >= STABLE) {
+        1
+    } else {
+        streak.saturating_add(1)
+    }
 }
 
 pub struct Supervisor {
@@ -66,6 +83,8 @@ impl Supervisor {
                 start,
                 running: None,
                 restarts: 0,
+                streak: 0,
+                started_at: None,
             },
         );
         self
@@ -85,6 +104,7 @@ impl Actor for Supervisor {
         let me = ctx.address().recipient();
         for child in self.children.values_mut() {
             child.running = Some((child.start)(me.clone()));
+            child.started_at = Some(std::time::Instant::now());
         }
     }
 }
@@ -98,10 +118,11 @@ impl Handler<ChildFailed> for Supervisor {
         };
         child.running = None;
         child.restarts += 1;
-        let restarts = child.restarts;
+        child.streak = next_streak(child.streak, child.started_at.map(|at| at.elapsed()));
+        let (restarts, streak) = (child.restarts, child.streak);
         metrics::counter!(crate::telemetry::names::ACTOR_RESTARTS_TOTAL, "actor" => failed.kind)
             .increment(1);
-        let delay = self.backoff(restarts);
+        let delay = self.backoff(streak);
         tracing::warn!(
             actor = %failed.name,
             restarts,
@@ -113,6 +134,7 @@ impl Handler<ChildFailed> for Supervisor {
             let me = ctx.address().recipient();
             if let Some(child) = supervisor.children.get_mut(&name) {
                 child.running = Some((child.start)(me));
+                child.started_at = Some(std::time::Instant::now());
             }
         });
     }
@@ -141,5 +163,18 @@ impl Handler<Shutdown> for Supervisor {
             }
         }
         ctx.stop();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_child_that_ran_a_while_starts_its_backoff_over() {
+        assert_eq!(next_streak(0, Some(Duration::from_millis(10))), 1);
+        assert_eq!(next_streak(7, Some(Duration::from_secs(1))), 8);
+        assert_eq!(next_streak(7, Some(STABLE)), 1);
+        assert_eq!(next_streak(u32::MAX, None), u32::MAX);
     }
 }
