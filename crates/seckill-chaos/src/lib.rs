@@ -94,6 +94,8 @@ pub struct Scenario {
     pub in_short: bool,
     /// Engine settings this scenario overrides (environment variables).
     pub engine_env: &'static [(&'static str, &'static str)],
+    /// Order shard queues (`amqp.shards`) for the harness and its engines.
+    pub shards: u16,
 }
 
 /// The matrix. The short profile is what CI runs.
@@ -107,6 +109,7 @@ pub fn scenarios() -> Vec<Scenario> {
         engines,
         in_short,
         engine_env: &[],
+        shards: 2,
     };
     vec![
         s(
@@ -148,6 +151,31 @@ pub fn scenarios() -> Vec<Scenario> {
             1,
             true,
         ),
+        // Three engines sharing six shards by themselves (node id leases, shards
+        // steered by lease rank): the one killed or frozen again and again holds
+        // shards that move to the others and back.
+        Scenario {
+            shards: 6,
+            ..s(
+                "spread_sigkill",
+                Shape::Unique,
+                (2_000, 8_000),
+                SigKill,
+                3,
+                false,
+            )
+        },
+        Scenario {
+            shards: 6,
+            ..s(
+                "spread_sigstop",
+                Shape::Unique,
+                (2_000, 6_000),
+                SigStop,
+                3,
+                false,
+            )
+        },
         s(
             "sigstop",
             Shape::PaymentsRace,
@@ -312,7 +340,7 @@ pub async fn run(args: &ChaosArgs) -> anyhow::Result<Vec<Account>> {
 
 /// Settings of one scenario: its own database, namespace and Redis prefix on the
 /// private services.
-fn scenario_settings(cluster: &Cluster, name: &str) -> anyhow::Result<Settings> {
+fn scenario_settings(cluster: &Cluster, name: &str, shards: u16) -> anyhow::Result<Settings> {
     let tag = &uuid::Uuid::new_v4().simple().to_string()[..8];
     let figment = config::figment(None)
         .merge(Serialized::default(
@@ -329,7 +357,7 @@ fn scenario_settings(cluster: &Cluster, name: &str) -> anyhow::Result<Settings> 
             "redis.key_prefix",
             format!("chaos-{tag}"),
         ))
-        .merge(Serialized::default("amqp.shards", 2))
+        .merge(Serialized::default("amqp.shards", shards))
         // Queue arguments: the harness declares the topology too, so it must agree
         // with the engines (see engine_env).
         .merge(Serialized::default("amqp.retry_delay_ms", 200));
@@ -388,7 +416,7 @@ async fn run_scenario(
     profile: Profile,
 ) -> anyhow::Result<Account> {
     let started = Instant::now();
-    let settings = scenario_settings(cluster, scenario.name)?;
+    let settings = scenario_settings(cluster, scenario.name, scenario.shards)?;
     store::migrate::migrate(&store::admin_pg_config(&settings.database)?).await?;
     let buyers = match profile {
         Profile::Short => scenario.buyers.0,
