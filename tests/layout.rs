@@ -502,7 +502,7 @@ fn docs_are_short_self_contained_and_free_of_journal_labels() {
         if rel == "tests/layout.rs" {
             continue;
         }
-        // "session 12", also across a line break ("session\n12" in wrapped prose).
+        // The word followed by a number, also across a line break (wrapped prose).
         let words: Vec<&str> = text.split_whitespace().collect();
         for w in words.windows(2) {
             let first = w[0]
