@@ -1110,16 +1110,7 @@ async fn a_standby_takes_the_shard_within_seconds_of_a_kill_or_a_freeze() {
 #[actix_rt::test]
 async fn three_instances_share_six_shards_two_each() {
     use crate::common::builders;
-    let env = crate::common::TestEnv::with(|f| {
-        f.merge(figment::providers::Serialized::default("amqp.shards", 6))
-    })
-    .await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 92, 1, 100_000, 64).await;
-    let mut instances = Vec::new();
-    for _ in 0..3 {
-        instances.push(serve_on_shards(&env, 6).await);
-    }
+    let (env, db, instances) = three_instances_on_six_shards(92, 100_000).await;
     let last_start = std::time::Instant::now();
 
     // 9,000 deliveries at about 300 a second: 8,182 messages, and a tenth as many
@@ -1194,6 +1185,29 @@ async fn three_instances_share_six_shards_two_each() {
     env.cleanup().await;
 }
 
+/// A test environment with six shards, activity `activity` (SKU 1, `stock` units over
+/// 64 buckets) and three `serve` processes on known admin addresses.
+async fn three_instances_on_six_shards(
+    activity: i64,
+    stock: i32,
+) -> (
+    crate::common::TestEnv,
+    tokio_postgres::Client,
+    Vec<(Serve, String)>,
+) {
+    let env = crate::common::TestEnv::with(|f| {
+        f.merge(figment::providers::Serialized::default("amqp.shards", 6))
+    })
+    .await;
+    let mut db = env.db().await;
+    crate::common::builders::activity(&mut db, activity, 1, stock, 64).await;
+    let mut instances = Vec::new();
+    for _ in 0..3 {
+        instances.push(serve_on_shards(&env, 6).await);
+    }
+    (env, db, instances)
+}
+
 /// Starts `serve` for `env` with `shards` shards on a known admin address.
 async fn serve_on_shards(env: &crate::common::TestEnv, shards: u16) -> (Serve, String) {
     let admin = format!("127.0.0.1:{}", crate::common::free_port());
@@ -1250,16 +1264,7 @@ async fn wait_shards(
 #[actix_rt::test]
 async fn a_killed_instance_s_shards_move_and_a_restart_gets_its_share_back() {
     use crate::common::builders;
-    let env = crate::common::TestEnv::with(|f| {
-        f.merge(figment::providers::Serialized::default("amqp.shards", 6))
-    })
-    .await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 93, 1, 200_000, 64).await;
-    let mut instances = Vec::new();
-    for _ in 0..3 {
-        instances.push(serve_on_shards(&env, 6).await);
-    }
+    let (env, db, mut instances) = three_instances_on_six_shards(93, 200_000).await;
     let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
     let (names, amqp) = (env.names.clone(), env.amqp().await);
     let publisher = {
