@@ -147,6 +147,10 @@ pub struct AmqpSettings {
     /// or cut-off instance loses its connection, and so its shards, within about
     /// two of these.
     pub heartbeat_secs: u16,
+    /// Opening a connection, from TCP connect to an open AMQP connection: a broker
+    /// behind a network cut drops the packets, and TCP alone would keep trying for
+    /// about two minutes.
+    pub connect_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -166,7 +170,13 @@ pub struct EngineSettings {
     pub batch_max_size: u32,
     pub bucket_pipeline: u32,
     pub order_transactions: u32,
+    /// Pipeline lanes (threads); 0: one per available core (`actors::lanes`).
+    pub pipeline_threads: u32,
 }
+
+/// The largest `engine.pipeline_threads`: a lane costs a thread and its share of the
+/// pool, and more lanes than cores only add switching.
+pub const MAX_PIPELINE_THREADS: usize = 64;
 
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -301,6 +311,12 @@ impl Settings {
                     "not an AMQP URL (amqp://user:password@host:port/vhost); the value is not shown, it may hold a password".into(),
                 )
             })?;
+        if !(100..=60_000).contains(&self.amqp.connect_timeout_ms) {
+            return Err(invalid(
+                "amqp.connect_timeout_ms",
+                "must be between 100 and 60000".into(),
+            ));
+        }
         if !(1..=60).contains(&self.amqp.heartbeat_secs) {
             return Err(invalid(
                 "amqp.heartbeat_secs",
@@ -360,6 +376,15 @@ impl Settings {
             return Err(invalid(
                 "engine.order_transactions",
                 "must be between 1 and 1024".into(),
+            ));
+        }
+        if self.engine.pipeline_threads as usize > MAX_PIPELINE_THREADS {
+            return Err(invalid(
+                "engine.pipeline_threads",
+                format!(
+                    "must be between 0 (one per core) and {}",
+                    MAX_PIPELINE_THREADS
+                ),
             ));
         }
         if !(15_000..=3_600_000).contains(&self.engine.node_lease_ttl_ms) {

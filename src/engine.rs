@@ -10,11 +10,10 @@ use std::time::Duration;
 use actix::prelude::*;
 use uuid::Uuid;
 
-use crate::actors::bucket::{BucketActor, BucketKey, BucketShared};
+use crate::actors::bucket::BucketShared;
 use crate::actors::db_permits::DbPermits;
 use crate::actors::intake::{Intake, IntakeConfig, IntakeWork, OrderWork, PaymentWork};
-use crate::actors::registry::Registry;
-use crate::actors::reservation::ReservationActor;
+use crate::actors::lanes::{self, Lanes};
 use crate::config::Settings;
 use crate::domain::ids::IdGenerator;
 use crate::domain::shard::SHARD_FUNCTION_VERSION;
@@ -36,7 +35,7 @@ use crate::status::{IntakeStats, Readiness};
 use crate::store::migrate::{self, MigrateError};
 use crate::store::node_lease::{self, Holder};
 use crate::store::topology::{self, ShardLayout};
-use crate::store::{build_pool, Pool, StoreError};
+use crate::store::{build_pool_on, Pool, StoreError};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -86,11 +85,14 @@ pub struct Engine {
     grace: Duration,
     ids: Arc<IdGenerator>,
     holder: Holder,
+    /// Dropped last: the pipeline's threads stop with it.
+    _lanes: Lanes,
 }
 
 impl Engine {
     pub async fn start(settings: &Settings) -> Result<Engine, EngineError> {
-        let pool = build_pool(&settings.database)?;
+        let lanes = Lanes::start(lanes::threads(settings.engine.pipeline_threads)).await;
+        let pool = build_pool_on(&settings.database, lanes.runtimes())?;
         {
             let mut conn = pool.get().await?;
             migrate::verify(&mut conn.client).await?;
@@ -133,14 +135,7 @@ impl Engine {
             tx_slots: tokio::sync::Semaphore::new(settings.engine.order_transactions as usize),
             speculation: Default::default(),
         });
-        let buckets = Registry::new("bucket", move |key: &BucketKey| {
-            BucketActor::new(*key, shared.clone()).start()
-        })
-        .start();
-        let reservations = Registry::new("reservation", move |_: &Uuid| {
-            ReservationActor::new(buckets.clone()).start()
-        })
-        .start();
+        let router = lanes.start_pipeline(shared);
 
         let stats = Arc::new(IntakeStats::default());
         let readiness = Arc::new(Readiness::default());
@@ -191,15 +186,19 @@ impl Engine {
             stats: &stats,
             readiness: &readiness,
         };
-        for shard in settings.owned_shards() {
+        // The intakes in turn over the lanes: shard s on lane s mod lanes, which is
+        // where its buckets are whenever the lanes divide the shards.
+        let owned = settings.owned_shards();
+        for shard in owned.iter().copied() {
             let queue: Arc<str> = names.order_queue(shard).into();
             let work = OrderWork {
-                reservations: reservations.clone(),
+                lanes: router.clone(),
                 topic: queue.clone(),
             };
             supervisor = supervisor.child(
                 format!("intake:{queue}"),
                 intake.child(
+                    lanes.arbiter(usize::from(shard)),
                     queue,
                     Some(shard),
                     names.order_retry_queue(shard),
@@ -217,6 +216,7 @@ impl Engine {
         supervisor = supervisor.child(
             format!("intake:{payment_queue}"),
             intake.child(
+                lanes.arbiter(owned.len()),
                 payment_queue,
                 None,
                 names.payment_retry_queue(),
@@ -241,6 +241,7 @@ impl Engine {
         tracing::info!(
             node_id = ids.node_id(),
             shards = ?settings.owned_shards(),
+            pipeline_threads = lanes.count(),
             permits = settings.db_permits(),
             prefetch = settings.prefetch(),
             namespace = %settings.amqp.namespace,
@@ -254,6 +255,7 @@ impl Engine {
             grace: Duration::from_millis(settings.shutdown.grace_ms),
             ids,
             holder,
+            _lanes: lanes,
         })
     }
 
@@ -316,6 +318,7 @@ struct IntakeStarter<'a> {
 impl IntakeStarter<'_> {
     fn child<W: IntakeWork>(
         &self,
+        arbiter: Option<ArbiterHandle>,
         queue: Arc<str>,
         shard: Option<u16>,
         retry_queue: String,
@@ -339,16 +342,14 @@ impl IntakeStarter<'_> {
         let (stats, permits) = (self.stats.clone(), self.permits.clone());
         let readiness = self.readiness.clone();
         Box::new(move |supervisor| {
-            Intake::new(
-                config.clone(),
-                stats.clone(),
-                permits.clone(),
-                work.clone(),
-                Some(supervisor),
-                readiness.clone(),
-            )
-            .start()
-            .recipient()
+            let (config, stats, permits) = (config.clone(), stats.clone(), permits.clone());
+            let (work, readiness) = (work.clone(), readiness.clone());
+            let make =
+                move || Intake::new(config, stats, permits, work, Some(supervisor), readiness);
+            match &arbiter {
+                Some(arbiter) => Intake::start_in_arbiter(arbiter, move |_| make()).recipient(),
+                None => make().start().recipient(),
+            }
         })
     }
 }

@@ -17,9 +17,11 @@ use lapin::types::FieldTable;
 use lapin::{BasicProperties, Channel};
 use uuid::Uuid;
 
+use super::bucket::BucketKey;
 use super::db_permits::{Acquire, DbPermits, Permit};
-use super::registry::{Registry, Route};
-use super::reservation::{ProcessOrder, ReservationActor};
+use super::lanes::LaneRouter;
+use super::registry::Route;
+use super::reservation::ProcessOrder;
 use crate::config::AmqpSettings;
 use crate::domain::message::{OrderCreateMessage, PoisonReason};
 use crate::domain::outcome::{disposition, Disposition, ErrorClass};
@@ -34,7 +36,7 @@ use crate::status::{AckCounts, InFlight, IntakeStats, Readiness};
 use crate::store::payments::apply_callback;
 
 /// The queue-specific part of an intake.
-pub trait IntakeWork: Clone + Unpin + 'static {
+pub trait IntakeWork: Clone + Unpin + Send + 'static {
     type Msg: 'static;
     /// Metric label of the queue kind ("order_create", "payment_callback").
     const KIND: &'static str;
@@ -45,10 +47,11 @@ pub trait IntakeWork: Clone + Unpin + 'static {
     fn process(&self, msg: Self::Msg) -> LocalBoxFuture<'static, Result<&'static str, ErrorClass>>;
 }
 
-/// `order.create`: each message goes to the actor of its reservation.
+/// `order.create`: each message goes to the actor of its reservation, on the lane of
+/// its bucket.
 #[derive(Clone)]
 pub struct OrderWork {
-    pub reservations: Addr<Registry<Uuid, ReservationActor>>,
+    pub lanes: LaneRouter,
     /// The consumed queue, recorded in the inbox.
     pub topic: Arc<str>,
 }
@@ -65,7 +68,7 @@ impl IntakeWork for OrderWork {
         &self,
         msg: OrderCreateMessage,
     ) -> LocalBoxFuture<'static, Result<&'static str, ErrorClass>> {
-        let reservations = self.reservations.clone();
+        let reservations = self.lanes.reservations(&BucketKey::of(&msg)).clone();
         let topic = self.topic.clone();
         Box::pin(async move {
             let message_id = msg.message_id;

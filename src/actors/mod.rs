@@ -5,5 +5,6 @@
 pub mod bucket;
 pub mod db_permits;
 pub mod intake;
+pub mod lanes;
 pub mod registry;
 pub mod reservation;

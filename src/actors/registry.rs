@@ -6,6 +6,9 @@
 //! its mailbox is empty. Because an entry is removed only when nothing is in flight,
 //! a message is never routed to an actor that is stopping.
 //!
+//! With several pipeline lanes (`actors::lanes`) each lane has its own registries;
+//! their gauges add up through one `RegistryGauges` per kind.
+//!
 //! A reply is awaited in a task of its own, which then reports `Settled` back: actix
 //! polls every future spawned into a context each time the context wakes, so with
 //! hundreds of messages in flight, awaiting them inside the registry's context cost
@@ -13,6 +16,8 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::hash::Hash;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 
 use actix::dev::ToEnvelope;
 use actix::prelude::*;
@@ -20,13 +25,47 @@ use actix::prelude::*;
 /// Starts the actor for a key.
 type Spawn<K, A> = Box<dyn Fn(&K) -> Addr<A>>;
 
-pub struct Registry<K, A: Actor> {
+/// The gauges of one kind of actor, summed over the lanes' registries: live actors
+/// and messages in flight add up, the deepest mailbox is the deepest of any lane.
+pub struct RegistryGauges {
     kind: &'static str,
+    live: AtomicUsize,
+    depth: AtomicUsize,
+    deepest: Vec<AtomicUsize>,
+}
+
+impl RegistryGauges {
+    pub fn new(kind: &'static str, lanes: usize) -> Arc<Self> {
+        Arc::new(Self {
+            kind,
+            live: AtomicUsize::new(0),
+            depth: AtomicUsize::new(0),
+            deepest: (0..lanes.max(1)).map(|_| AtomicUsize::new(0)).collect(),
+        })
+    }
+
+    fn publish(&self) {
+        let deepest = self
+            .deepest
+            .iter()
+            .map(|d| d.load(Ordering::Relaxed))
+            .max()
+            .unwrap_or(0);
+        metrics::gauge!(crate::telemetry::names::LIVE_ACTORS, "kind" => self.kind)
+            .set(self.live.load(Ordering::Relaxed) as f64);
+        metrics::gauge!(crate::telemetry::names::MAILBOX_DEPTH, "kind" => self.kind)
+            .set(self.depth.load(Ordering::Relaxed) as f64);
+        metrics::gauge!(crate::telemetry::names::MAILBOX_DEPTH_MAX, "kind" => self.kind)
+            .set(deepest as f64);
+    }
+}
+
+pub struct Registry<K, A: Actor> {
+    gauges: Arc<RegistryGauges>,
+    /// This registry's lane, its slot in `gauges.deepest`.
+    lane: usize,
     actors: HashMap<K, Entry<A>>,
     spawn: Spawn<K, A>,
-    /// Messages routed and not yet answered, over all actors (their mailboxes plus
-    /// the one each is working on).
-    depth: usize,
     /// How many actors have each number of messages in flight; the last key is the
     /// deepest single mailbox.
     actors_by_depth: BTreeMap<usize, usize>,
@@ -52,12 +91,16 @@ where
 }
 
 impl<K, A: Actor> Registry<K, A> {
-    pub fn new(kind: &'static str, spawn: impl Fn(&K) -> Addr<A> + 'static) -> Self {
+    pub fn new(
+        gauges: Arc<RegistryGauges>,
+        lane: usize,
+        spawn: impl Fn(&K) -> Addr<A> + 'static,
+    ) -> Self {
         Self {
-            kind,
+            gauges,
+            lane,
             actors: HashMap::new(),
             spawn: Box::new(spawn),
-            depth: 0,
             actors_by_depth: BTreeMap::new(),
         }
     }
@@ -77,16 +120,28 @@ impl<K, A: Actor> Registry<K, A> {
         }
     }
 
-    fn publish_depth(&self) {
-        metrics::gauge!(crate::telemetry::names::MAILBOX_DEPTH, "kind" => self.kind)
-            .set(self.depth as f64);
-        metrics::gauge!(crate::telemetry::names::MAILBOX_DEPTH_MAX, "kind" => self.kind).set(
-            self.actors_by_depth
-                .keys()
-                .next_back()
-                .copied()
-                .unwrap_or(0) as f64,
-        );
+    /// Adds this registry's change (`live` actors, `depth` in flight) to the totals
+    /// and publishes them.
+    fn publish(&self, live: isize, depth: isize) {
+        let add = |total: &AtomicUsize, by: isize| {
+            if by >= 0 {
+                total.fetch_add(by.unsigned_abs(), Ordering::Relaxed);
+            } else {
+                total.fetch_sub(by.unsigned_abs(), Ordering::Relaxed);
+            }
+        };
+        add(&self.gauges.live, live);
+        add(&self.gauges.depth, depth);
+        let deepest = self
+            .actors_by_depth
+            .keys()
+            .next_back()
+            .copied()
+            .unwrap_or(0);
+        if let Some(slot) = self.gauges.deepest.get(self.lane) {
+            slot.store(deepest, Ordering::Relaxed);
+        }
+        self.gauges.publish();
     }
 }
 
@@ -114,6 +169,7 @@ where
     fn handle(&mut self, route: Route<K, M>, ctx: &mut Self::Context) -> Self::Result {
         let Route { key, msg } = route;
         let spawn = &self.spawn;
+        let live = self.actors.len();
         let entry = self.actors.entry(key.clone()).or_insert_with(|| Entry {
             addr: spawn(&key),
             in_flight: 0,
@@ -121,10 +177,8 @@ where
         entry.in_flight += 1;
         let (reply, now) = (entry.addr.send(msg), entry.in_flight);
         self.moved(now - 1, now);
-        self.depth += 1;
-        metrics::gauge!(crate::telemetry::names::LIVE_ACTORS, "kind" => self.kind)
-            .set(self.actors.len() as f64);
-        self.publish_depth();
+        let born = isize::from(self.actors.len() > live);
+        self.publish(born, 1);
         let registry = ctx.address();
         Box::pin(async move {
             let result = reply.await;
@@ -152,7 +206,6 @@ where
             self.actors.remove(&key);
         }
         self.moved(now + 1, now);
-        self.depth -= 1;
-        self.publish_depth();
+        self.publish(if now == 0 { -1 } else { 0 }, -1);
     }
 }

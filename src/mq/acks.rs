@@ -232,6 +232,8 @@ async fn run(
                 }
                 Err(e) => {
                     // The effects are committed; redeliveries are answered by the inbox.
+                    metrics::counter!(crate::telemetry::names::INTAKE_ACK_FAILURES_TOTAL)
+                        .increment(frame.messages as u64);
                     tracing::warn!(%queue, messages = frame.messages, error = %e, "ack failed; the messages will be redelivered");
                 }
             }

@@ -18,6 +18,8 @@ pub enum MqError {
     Amqp(#[from] lapin::Error),
     #[error("amqp.url is not an AMQP URL (the value is not shown: it may hold a password)")]
     BadUrl,
+    #[error("no AMQP connection within amqp.connect_timeout_ms = {0}")]
+    ConnectTimeout(u64),
     #[error("the broker refused the message (nack)")]
     Nacked,
     #[error("the message could not be routed to any queue (exchange {exchange:?}, routing key {routing_key:?})")]
@@ -35,8 +37,9 @@ impl MqError {
     }
 }
 
-/// Opens a connection with `amqp.heartbeat_secs` unless the URL sets its own. The
-/// URL is never logged nor put in an error (it carries credentials).
+/// Opens a connection with `amqp.heartbeat_secs` unless the URL sets its own, within
+/// `amqp.connect_timeout_ms`. The URL is never logged nor put in an error (it
+/// carries credentials).
 pub async fn connect(settings: &AmqpSettings, name: &str) -> Result<Connection, MqError> {
     let mut uri: lapin::uri::AMQPUri = settings
         .url
@@ -47,7 +50,11 @@ pub async fn connect(settings: &AmqpSettings, name: &str) -> Result<Connection, 
         uri.query.heartbeat = Some(settings.heartbeat_secs);
     }
     let props = ConnectionProperties::default().with_connection_name(name.into());
-    Ok(Connection::connect_uri(uri, props).await?)
+    let limit = std::time::Duration::from_millis(settings.connect_timeout_ms);
+    match tokio::time::timeout(limit, Connection::connect_uri(uri, props)).await {
+        Ok(connection) => Ok(connection?),
+        Err(_) => Err(MqError::ConnectTimeout(settings.connect_timeout_ms)),
+    }
 }
 
 /// Closes the channels, then the connection. In that order: a channel still open

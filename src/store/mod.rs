@@ -345,13 +345,15 @@ impl StatementCache {
 /// bb8 manager that wraps bb8-postgres and adds the statement cache.
 pub struct PgManager {
     inner: PostgresConnectionManager<NoTls>,
-    /// Where connections are opened and their tasks run, whoever asks for one.
-    /// bb8 opens a connection in the task that finds the pool short, and
-    /// bb8-postgres spawns its task on that task's runtime: an HTTP worker's, when
-    /// a front-stage request made the pool grow. The order transactions that reuse
-    /// such a connection would hop threads on every round trip, and it would close
-    /// when the front stage stops, ahead of the engine's drain.
-    runtime: tokio::runtime::Handle,
+    /// Where connections are opened and their tasks run, whoever asks for one, in
+    /// turn (the engine's pipeline lanes, `actors::lanes`). bb8 opens a connection
+    /// in the task that finds the pool short, and bb8-postgres spawns its task on
+    /// that task's runtime: an HTTP worker's, when a front-stage request made the
+    /// pool grow. The order transactions that reuse such a connection would hop
+    /// threads on every round trip, and it would close when the front stage stops,
+    /// ahead of the engine's drain.
+    runtimes: Vec<tokio::runtime::Handle>,
+    next: std::sync::atomic::AtomicUsize,
 }
 
 impl bb8::ManageConnection for PgManager {
@@ -359,13 +361,14 @@ impl bb8::ManageConnection for PgManager {
     type Error = StoreError;
 
     async fn connect(&self) -> Result<PgConn, StoreError> {
+        let turn = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let runtime = &self.runtimes[turn % self.runtimes.len()];
         let inner = self.inner.clone();
-        match self
-            .runtime
-            .spawn(async move { inner.connect().await })
-            .await
-        {
+        match runtime.spawn(async move { inner.connect().await }).await {
             Ok(client) => Ok(PgConn::new(client?)),
+            // That runtime has stopped (its lane ended before a late caller, such as
+            // a front stage outliving an in-process engine): open it here instead.
+            Err(e) if e.is_cancelled() => Ok(PgConn::new(self.inner.connect().await?)),
             Err(e) => Err(StoreError::NotOpened(e.to_string())),
         }
     }
@@ -401,9 +404,24 @@ const RECHECK_AFTER: Duration = Duration::from_secs(1);
 pub fn build_pool(settings: &DatabaseSettings) -> Result<Pool, StoreError> {
     let runtime = tokio::runtime::Handle::try_current()
         .map_err(|e| StoreError::NotOpened(format!("building the pool: {e}")))?;
+    build_pool_on(settings, vec![runtime])
+}
+
+/// `build_pool` with its connections opened and driven on `runtimes` in turn (the
+/// engine's pipeline lanes), which must live as long as the pool is used.
+pub fn build_pool_on(
+    settings: &DatabaseSettings,
+    runtimes: Vec<tokio::runtime::Handle>,
+) -> Result<Pool, StoreError> {
+    if runtimes.is_empty() {
+        return Err(StoreError::NotOpened(
+            "building the pool: no runtime to open connections on".into(),
+        ));
+    }
     let manager = PgManager {
         inner: PostgresConnectionManager::new(pg_config(settings)?, NoTls),
-        runtime,
+        runtimes,
+        next: std::sync::atomic::AtomicUsize::new(0),
     };
     let inner = bb8::Pool::builder()
         .max_size(settings.pool_size)

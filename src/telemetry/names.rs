@@ -61,6 +61,8 @@ pub const DLQ_MESSAGES: &str = "seckill_dlq_messages";
 pub const INBOX_PAYLOAD_MISMATCH_TOTAL: &str = "seckill_inbox_payload_mismatch_total";
 /// Ack frames sent to RabbitMQ (contiguous acks are merged into one).
 pub const INTAKE_ACK_FRAMES_TOTAL: &str = "seckill_intake_ack_frames_total";
+/// Deliveries settled whose ack could not be sent (the channel had closed).
+pub const INTAKE_ACK_FAILURES_TOTAL: &str = "seckill_intake_ack_failures_total";
 /// Deliveries that could not be decoded or validated, by `kind`.
 pub const INTAKE_DECODE_ERRORS_TOTAL: &str = "seckill_intake_decode_errors_total";
 /// Deliveries taken from the queues and not yet settled.
@@ -153,6 +155,7 @@ pub const CATALOGUE: &[Metric] = &[
     Metric { name: DEAD_LETTERED_TOTAL, kind: Kind::Counter, help: "Deliveries sent to the dead-letter queue, by `kind` of reason." },
     Metric { name: DLQ_MESSAGES, kind: Kind::Gauge, help: "Messages in a dead-letter queue, by `queue`." },
     Metric { name: INBOX_PAYLOAD_MISMATCH_TOTAL, kind: Kind::Counter, help: "Redeliveries whose body differs from the one the inbox recorded for that message id." },
+    Metric { name: INTAKE_ACK_FAILURES_TOTAL, kind: Kind::Counter, help: "Deliveries whose effect was committed but whose ack could not be sent (the channel or connection had closed): the broker redelivers them and the inbox answers." },
     Metric { name: INTAKE_ACK_FRAMES_TOTAL, kind: Kind::Counter, help: "Ack frames sent to RabbitMQ (contiguous acks are merged into one)." },
     Metric { name: INTAKE_DECODE_ERRORS_TOTAL, kind: Kind::Counter, help: "Deliveries that could not be decoded or validated, by `kind`." },
     Metric { name: INTAKE_IN_FLIGHT, kind: Kind::Gauge, help: "Deliveries taken from the queues and not yet settled." },

@@ -416,51 +416,95 @@ pub fn free_port() -> u16 {
 
 /// A TCP proxy in front of a real service that can be switched off (every connection
 /// cut, new ones refused) and on again: the service "goes down" for the engine only.
+/// Or cut like a network: `black_hole` keeps every connection open on both sides
+/// and forwards nothing, new ones included, until `set(true)`; no side sees a reset,
+/// only silence (what a partition or a dropped route does).
 pub struct Switch {
     pub addr: std::net::SocketAddr,
-    up: std::sync::Arc<std::sync::atomic::AtomicBool>,
+    state: std::sync::Arc<std::sync::atomic::AtomicU8>,
     generation: std::sync::Arc<std::sync::atomic::AtomicU64>,
 }
+
+const SWITCH_UP: u8 = 0;
+const SWITCH_DOWN: u8 = 1;
+const SWITCH_BLACK_HOLE: u8 = 2;
 
 impl Switch {
     pub async fn start(target: std::net::SocketAddr) -> Switch {
         use std::sync::atomic::Ordering;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let up = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(true));
+        let state = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(SWITCH_UP));
         let generation = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let (up2, gen2) = (up.clone(), generation.clone());
+        let (state2, gen2) = (state.clone(), generation.clone());
         tokio::spawn(async move {
-            while let Ok((mut inbound, _)) = listener.accept().await {
-                if !up2.load(Ordering::SeqCst) {
-                    continue; // dropped: the client sees the connection closed
+            // Returns once the switch is set again after `born`.
+            async fn changed(gen: &std::sync::atomic::AtomicU64, born: u64) {
+                while gen.load(Ordering::SeqCst) == born {
+                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
                 }
-                let (up, gen) = (up2.clone(), gen2.clone());
+            }
+            while let Ok((mut inbound, _)) = listener.accept().await {
+                let (state, gen) = (state2.clone(), gen2.clone());
                 let born = gen.load(Ordering::SeqCst);
+                match state.load(Ordering::SeqCst) {
+                    SWITCH_DOWN => continue, // dropped: the client sees it closed
+                    SWITCH_BLACK_HOLE => {
+                        // Held open, never answered, until the switch is set again.
+                        tokio::spawn(async move {
+                            changed(&gen, born).await;
+                            drop(inbound);
+                        });
+                        continue;
+                    }
+                    _ => {}
+                }
                 tokio::spawn(async move {
                     let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
                         return;
                     };
-                    let copy = tokio::io::copy_bidirectional(&mut inbound, &mut outbound);
-                    let cut = async {
-                        while up.load(Ordering::SeqCst) && gen.load(Ordering::SeqCst) == born {
-                            tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                        }
-                    };
-                    tokio::select! { _ = copy => {}, _ = cut => {} }
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => return,
+                        _ = changed(&gen, born) => {}
+                    }
+                    if state.load(Ordering::SeqCst) == SWITCH_BLACK_HOLE {
+                        // Both ends stay open and hear nothing until the cut heals;
+                        // then they close, as the peers will have given up by then.
+                        changed(&gen, born + 1).await;
+                    }
                 });
             }
         });
         Switch {
             addr,
-            up,
+            state,
             generation,
         }
     }
 
     pub fn set(&self, up: bool) {
+        self.put(if up { SWITCH_UP } else { SWITCH_DOWN });
+    }
+
+    /// `url` (scheme://[user:password@]host:port/vhost) pointed at this switch.
+    pub fn url_through(&self, url: &str) -> String {
+        let (scheme, rest) = url.split_once("://").unwrap();
+        let (creds, after) = rest
+            .rsplit_once('@')
+            .map(|(c, a)| (format!("{c}@"), a))
+            .unwrap_or((String::new(), rest));
+        let vhost = after.split_once('/').map(|(_, v)| v).unwrap_or("");
+        format!("{scheme}://{creds}{}/{vhost}", self.addr)
+    }
+
+    /// Cuts like a network: nothing passes, nobody is told.
+    pub fn black_hole(&self) {
+        self.put(SWITCH_BLACK_HOLE);
+    }
+
+    fn put(&self, state: u8) {
         use std::sync::atomic::Ordering;
-        self.up.store(up, Ordering::SeqCst);
+        self.state.store(state, Ordering::SeqCst);
         self.generation.fetch_add(1, Ordering::SeqCst);
     }
 }

@@ -654,13 +654,7 @@ async fn events_wait_while_the_broker_is_down_and_all_go_out_when_it_returns() {
     let switch = Switch::start(target_of(&url, 5672)).await;
     switch.set(false);
     let mut amqp_settings = env.settings.amqp.clone();
-    let (scheme, rest) = url.split_once("://").unwrap();
-    let (creds, after) = rest
-        .rsplit_once('@')
-        .map(|(c, a)| (format!("{c}@"), a))
-        .unwrap_or((String::new(), rest));
-    let vhost = after.split_once('/').map(|(_, v)| v).unwrap_or("");
-    amqp_settings.url = format!("{scheme}://{creds}{}/{vhost}", switch.addr).into();
+    amqp_settings.url = switch.url_through(&url).into();
     let config = OutboxConfig {
         interval: Duration::from_millis(50),
         backoff_base: Duration::from_millis(100),

@@ -1012,14 +1012,19 @@ async fn orders_resume(
 /// SIGSTOP of the new active one for 20 s (its TCP connection stays open): the
 /// heartbeat lets the broker drop it and a restarted instance makes orders within
 /// 15 s; after SIGCONT, every message still has exactly one effect.
-#[tokio::test]
+#[actix_rt::test]
 async fn a_standby_takes_the_shard_within_seconds_of_a_kill_or_a_freeze() {
     use crate::common::builders;
     let env = crate::common::TestEnv::new().await;
     let mut db = env.db().await;
     builders::activity(&mut db, 91, 1, 100_000, 8).await;
     let (a, ready_a) = Serve::start(env_of(&mut engine(), &env), "engine ready").await;
-    let (b, ready_b) = Serve::start(env_of(&mut engine(), &env), "engine ready").await;
+    let b_admin = format!("127.0.0.1:{}", crate::common::free_port());
+    let (b, ready_b) = Serve::start(
+        env_of(&mut engine(), &env).env("SECKILL__ADMIN__ADDR", &b_admin),
+        "engine ready",
+    )
+    .await;
     assert!(ready_a && ready_b);
 
     // A steady load: 20 new buyers every 100 ms over 8 buckets.
@@ -1062,6 +1067,14 @@ async fn a_standby_takes_the_shard_within_seconds_of_a_kill_or_a_freeze() {
     // A restarted instance stands by behind b, which is active now.
     let (c, ready_c) = Serve::start(env_of(&mut engine(), &env), "engine ready").await;
     assert!(ready_c);
+    let client = awc::Client::default();
+    let b_counts = || async {
+        (
+            metric_sum(&client, &b_admin, "seckill_orders_total").await,
+            metric_sum(&client, &b_admin, "seckill_intake_ack_failures_total").await,
+        )
+    };
+    let b_before = b_counts().await;
     let stopped_at = std::time::Instant::now();
     signal(b.pid(), "-STOP");
     let after_stop = orders_resume(&db, stopped_at, std::time::Duration::from_secs(20)).await;
@@ -1075,6 +1088,9 @@ async fn a_standby_takes_the_shard_within_seconds_of_a_kill_or_a_freeze() {
         crate::common::count(&db, "SELECT count(*) FROM consumer_inbox").await >= sent
     })
     .await;
+    // What the frozen instance did once it woke: the transactions it held went on
+    // (its PostgreSQL sessions were still open) and their acks met a closed channel.
+    let b_after = b_counts().await;
     let (status_b, text_b) = b.terminate().await;
     let (status_c, text_c) = c.terminate().await;
     assert!(
@@ -1096,8 +1112,12 @@ async fn a_standby_takes_the_shard_within_seconds_of_a_kill_or_a_freeze() {
         sent
     );
     crate::common::assert_invariants(&db).await;
+    let delta = |after: Option<f64>, before: Option<f64>| after.zip(before).map(|(a, b)| a - b);
     eprintln!(
-        "fail-over: {sent} messages; orders resumed {after_kill:?} after SIGKILL, {after_stop:?} after SIGSTOP"
+        "fail-over: {sent} messages; orders resumed {after_kill:?} after SIGKILL, {after_stop:?} after SIGSTOP; \
+         the frozen instance, from SIGSTOP to its stop, settled {:?} messages and failed {:?} acks",
+        delta(b_after.0, b_before.0),
+        delta(b_after.1, b_before.1)
     );
     env.cleanup().await;
 }
@@ -1210,11 +1230,23 @@ async fn three_instances_on_six_shards(
 
 /// Starts `serve` for `env` with `shards` shards on a known admin address.
 async fn serve_on_shards(env: &crate::common::TestEnv, shards: u16) -> (Serve, String) {
+    serve_on_shards_via(env, shards, None).await
+}
+
+/// `serve_on_shards`, reaching the broker at `amqp_url` when given.
+async fn serve_on_shards_via(
+    env: &crate::common::TestEnv,
+    shards: u16,
+    amqp_url: Option<&str>,
+) -> (Serve, String) {
     let admin = format!("127.0.0.1:{}", crate::common::free_port());
     let mut cmd = engine();
     env_of(&mut cmd, env)
         .env("SECKILL__AMQP__SHARDS", shards.to_string())
         .env("SECKILL__ADMIN__ADDR", &admin);
+    if let Some(url) = amqp_url {
+        cmd.env("SECKILL__AMQP__URL", url);
+    }
     let (serve, ready) = Serve::start(&mut cmd, "engine ready").await;
     assert!(ready, "an instance did not start");
     (serve, admin)
@@ -1371,6 +1403,166 @@ async fn a_killed_instance_s_shards_move_and_a_restart_gets_its_share_back() {
         taken.map(|t| t.0),
         back.as_ref().map(|b| b.0),
         back.as_ref().map(|b| b.1.clone())
+    );
+    env.cleanup().await;
+}
+
+/// The sum of every series of a counter or gauge in an instance's /metrics (0 when it
+/// has none yet; None when the instance does not answer).
+async fn metric_sum(client: &awc::Client, admin: &str, name: &str) -> Option<f64> {
+    let mut res = client
+        .get(format!("http://{admin}/metrics"))
+        .send()
+        .await
+        .ok()?;
+    let body = res.body().limit(16 << 20).await.ok()?;
+    let text = String::from_utf8_lossy(&body);
+    Some(
+        text.lines()
+            .filter(|l| {
+                l.strip_prefix(name)
+                    .is_some_and(|rest| rest.starts_with(' ') || rest.starts_with('{'))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum(),
+    )
+}
+
+/// A network cut between one of three instances and the broker (its connections stay
+/// open and silent, new ones hang, as behind a dropped route) under a steady load:
+/// the broker drops it by heartbeat and the other two are active on all six shards
+/// within 15 s; once the cut heals it gets its two shards back within 30 s; every
+/// message has one effect. Its PostgreSQL link is never cut: what it held when cut
+/// still commits, and its acks fail (counted and printed).
+#[actix_rt::test]
+async fn a_cut_off_instance_s_shards_move_within_15_s_and_come_back() {
+    use crate::common::builders;
+    use secrecy::ExposeSecret;
+    let env = crate::common::TestEnv::with(|f| {
+        f.merge(figment::providers::Serialized::default("amqp.shards", 6))
+    })
+    .await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 94, 1, 200_000, 64).await;
+    let url = env.settings.amqp.url.expose_secret().to_owned();
+    let switch = crate::common::Switch::start(crate::common::target_of(&url, 5672)).await;
+    let mut instances = Vec::new();
+    for _ in 0..2 {
+        instances.push(serve_on_shards(&env, 6).await);
+    }
+    let through = switch.url_through(&url);
+    instances.push(serve_on_shards_via(&env, 6, Some(&through)).await);
+    let cut_admin = instances[2].1.clone();
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let (names, amqp) = (env.names.clone(), env.amqp().await);
+    let publisher = {
+        let stop = stop.clone();
+        tokio::spawn(async move {
+            let mut user = 0i64;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let batch: Vec<_> = (0..30)
+                    .map(|_| {
+                        user += 1;
+                        builders::order(94, 1, user, (user % 64) as i16)
+                    })
+                    .collect();
+                builders::publish_to(&names, 6, &amqp, &batch).await;
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+            user
+        })
+    };
+    let client = awc::Client::default();
+    let admins: Vec<String> = instances.iter().map(|(_, a)| a.clone()).collect();
+    let two_each = |all: &[Vec<u64>]| all.iter().all(|a| a.len() == 2);
+    let spread = wait_shards(
+        &client,
+        &admins,
+        std::time::Duration::from_secs(30),
+        two_each,
+    )
+    .await;
+    assert!(spread.is_some(), "no even spread within 30 s");
+    let counts = || async {
+        (
+            metric_sum(&client, &cut_admin, "seckill_orders_total").await,
+            metric_sum(&client, &cut_admin, "seckill_intake_ack_failures_total").await,
+        )
+    };
+    let at_cut = counts().await;
+    switch.black_hole();
+    let survivors: Vec<String> = admins[..2].to_vec();
+    let all_six = |all: &[Vec<u64>]| {
+        let mut union: Vec<u64> = all.iter().flatten().copied().collect();
+        union.sort_unstable();
+        union.dedup();
+        union.len() == 6
+    };
+    let taken = wait_shards(
+        &client,
+        &survivors,
+        std::time::Duration::from_secs(20),
+        all_six,
+    )
+    .await;
+    // Longer than the instance's own heartbeat timeout and a reconnect attempt.
+    let cut_for = std::time::Duration::from_secs(20);
+    if let Some((t, _)) = &taken {
+        tokio::time::sleep(cut_for.saturating_sub(*t)).await;
+    }
+    // Its admin listener is not cut: what it did while cut off.
+    let at_heal = counts().await;
+    switch.set(true);
+    let back = wait_shards(
+        &client,
+        &admins,
+        std::time::Duration::from_secs(30),
+        two_each,
+    )
+    .await;
+
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let messages = publisher.await.unwrap();
+    let settled = crate::common::wait_until(std::time::Duration::from_secs(90), || async {
+        crate::common::count(&db, "SELECT count(*) FROM consumer_inbox").await >= messages
+    })
+    .await;
+    let mut texts = String::new();
+    for (serve, _) in instances {
+        let (status, text) = serve.terminate().await;
+        assert!(status.success(), "{text}");
+        texts.push_str(&text);
+    }
+    let (took, shards) =
+        taken.unwrap_or_else(|| panic!("the cut instance's shards were not taken\n{texts}"));
+    assert!(
+        took <= std::time::Duration::from_secs(15),
+        "the cut instance's shards were taken after {took:?} ({shards:?})\n{texts}"
+    );
+    assert!(
+        back.is_some(),
+        "the healed instance did not get its share within 30 s\n{texts}"
+    );
+    assert!(settled, "not every message settled");
+    assert_eq!(
+        crate::common::count(&db, "SELECT count(*) FROM consumer_inbox").await,
+        messages
+    );
+    assert_eq!(
+        crate::common::count(&db, "SELECT count(*) FROM orders").await,
+        messages
+    );
+    crate::common::assert_invariants(&db).await;
+    // Acks sent into the cut are written to a socket nobody reads: they do not fail
+    // where the instance can see it, and the broker redelivers those messages.
+    let delta = |after: Option<f64>, before: Option<f64>| after.zip(before).map(|(a, b)| a - b);
+    eprintln!(
+        "network cut: shards taken after {took:?}; the healed instance had two after {:?}; \
+         while cut off it settled {:?} messages and saw {:?} acks fail; {messages} messages",
+        back.as_ref().map(|b| b.0),
+        delta(at_heal.0, at_cut.0),
+        delta(at_heal.1, at_cut.1)
     );
     env.cleanup().await;
 }
