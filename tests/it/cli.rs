@@ -1243,7 +1243,9 @@ async fn serve_on_shards_via(
     let mut cmd = engine();
     env_of(&mut cmd, env)
         .env("SECKILL__AMQP__SHARDS", shards.to_string())
-        .env("SECKILL__ADMIN__ADDR", &admin);
+        .env("SECKILL__ADMIN__ADDR", &admin)
+        // Two pipeline lanes: the instances that share shards also run the lanes.
+        .env("SECKILL__ENGINE__PIPELINE_THREADS", "2");
     if let Some(url) = amqp_url {
         cmd.env("SECKILL__AMQP__URL", url);
     }
