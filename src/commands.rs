@@ -219,9 +219,18 @@ async fn validate(
         let mut client = store::connect(&config)
             .await
             .map_err(|e| format!("{:#}", anyhow::Error::from(e)))?;
-        match migrate::verify(&mut client).await {
-            Ok(()) => Ok("reachable, schema current".to_owned()),
-            Err(e) => Err(format!("reachable, but {e}")),
+        migrate::verify(&mut client)
+            .await
+            .map_err(|e| format!("reachable, but {e}"))?;
+        let state = store::primary::primary_state(&client)
+            .await
+            .map_err(|e| format!("reachable, but {e}"))?;
+        match state.problem(
+            settings.database.require_sync_standby,
+            settings.database.commit_stall(),
+        ) {
+            None => Ok(format!("reachable, schema current; {}", state.describe())),
+            Some(problem) => Err(format!("reachable, schema current, but {problem}")),
         }
     };
     report("postgres", "database.url", pg.await);

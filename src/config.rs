@@ -130,6 +130,12 @@ pub struct DatabaseSettings {
     pub lock_timeout_ms: u64,
     pub statement_timeout_ms: u64,
     pub tx_max_attempts: u32,
+    /// Take no orders while the primary's commits do not wait for a synchronous
+    /// standby (seed §14.3): readiness says why and intake stops until one is back.
+    pub require_sync_standby: bool,
+    /// A COMMIT waiting this long for a synchronous standby stops intake (it is
+    /// never cancelled: its order may already be on the standby).
+    pub commit_stall_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -246,6 +252,20 @@ impl Settings {
         }
         if pg.get_hosts().is_empty() {
             return Err(invalid("database.url", "names no host".into()));
+        }
+        // libpq's multi-host form: one port for all hosts, or one per host.
+        let (hosts, ports) = (pg.get_hosts().len(), pg.get_ports().len());
+        if ports > 1 && ports != hosts {
+            return Err(invalid(
+                "database.url",
+                format!("names {hosts} hosts but {ports} ports (give one port, or one per host)"),
+            ));
+        }
+        if !(100..=600_000).contains(&self.database.commit_stall_ms) {
+            return Err(invalid(
+                "database.commit_stall_ms",
+                "must be between 100 and 600000".into(),
+            ));
         }
         if self.database.pool_size == 0 {
             return Err(invalid("database.pool_size", "must be at least 1".into()));
@@ -465,6 +485,9 @@ impl DatabaseSettings {
     }
     pub fn connect_timeout(&self) -> Duration {
         Duration::from_millis(self.connect_timeout_ms)
+    }
+    pub fn commit_stall(&self) -> Duration {
+        Duration::from_millis(self.commit_stall_ms)
     }
 }
 

@@ -34,6 +34,7 @@ use crate::services::sweeper::{Sweeper, SweeperConfig};
 use crate::status::{IntakeStats, Readiness};
 use crate::store::migrate::{self, MigrateError};
 use crate::store::node_lease::{self, Holder};
+use crate::store::primary;
 use crate::store::topology::{self, ShardLayout};
 use crate::store::{build_pool_on, Pool, StoreError};
 
@@ -93,7 +94,7 @@ impl Engine {
     pub async fn start(settings: &Settings) -> Result<Engine, EngineError> {
         let lanes = Lanes::start(lanes::threads(settings.engine.pipeline_threads)).await;
         let pool = build_pool_on(&settings.database, lanes.runtimes())?;
-        {
+        let postgres_problem = {
             let mut conn = pool.get().await?;
             migrate::verify(&mut conn.client).await?;
             let ours = ShardLayout {
@@ -106,7 +107,18 @@ impl Engine {
             if recorded != ours {
                 return Err(EngineError::ShardLayout { ours, recorded });
             }
-        }
+            // What an acknowledged order's durability rests on (seed §14.3).
+            let state = primary::primary_state(&conn.client).await?;
+            tracing::info!(
+                durability = %state.describe(),
+                require_sync_standby = settings.database.require_sync_standby,
+                "connected to the primary"
+            );
+            state.problem(
+                settings.database.require_sync_standby,
+                settings.database.commit_stall(),
+            )
+        };
         let holder = Holder {
             id: Uuid::new_v4(),
             name: holder_name(settings),
@@ -140,6 +152,13 @@ impl Engine {
         let stats = Arc::new(IntakeStats::default());
         let readiness = Arc::new(Readiness::default());
         readiness.watch_minting(ids.clone());
+        // Not ready from the start when the primary cannot take orders (the
+        // monitor clears it once it can).
+        if let Some(problem) = postgres_problem {
+            tracing::warn!(postgres = %problem, "not ready; intakes wait");
+            readiness.set_ready(false);
+            readiness.set_postgres(Some(problem));
+        }
         // Shards by lease rank unless listed by hand; the ranks as of now.
         readiness
             .shards()
@@ -169,11 +188,16 @@ impl Engine {
                 })
             })
             .child(ReadinessMonitor::NAME, {
-                let (pool, redis, readiness) =
-                    (pool.clone(), settings.redis.clone(), readiness.clone());
+                let (pool, database, redis, readiness) = (
+                    pool.clone(),
+                    settings.database.clone(),
+                    settings.redis.clone(),
+                    readiness.clone(),
+                );
                 child(move || {
                     ReadinessMonitor::new(
                         pool.clone(),
+                        database.clone(),
                         redis.clone(),
                         readiness.clone(),
                         Duration::from_secs(1),

@@ -111,6 +111,10 @@ impl Drop for InFlight {
 pub struct Readiness {
     ready: AtomicBool,
     paused: AtomicBool,
+    /// Why orders may not run on the database now, as the monitor last found
+    /// (`store::primary`): no writable primary, a stalled COMMIT, no synchronous
+    /// standby, no connection.
+    postgres: std::sync::Mutex<Option<String>>,
     ids: OnceLock<Arc<IdGenerator>>,
     shards: Shards,
 }
@@ -120,6 +124,7 @@ impl Default for Readiness {
         Self {
             ready: AtomicBool::new(true),
             paused: AtomicBool::new(false),
+            postgres: std::sync::Mutex::new(None),
             ids: OnceLock::new(),
             shards: Shards::default(),
         }
@@ -137,6 +142,23 @@ impl Readiness {
     pub fn set_paused(&self, paused: bool) -> bool {
         metrics::gauge!(crate::telemetry::names::INTAKE_PAUSED).set(if paused { 1.0 } else { 0.0 });
         self.paused.swap(paused, Ordering::Relaxed)
+    }
+    /// What the monitor last found wrong with the database, if anything.
+    pub fn postgres_problem(&self) -> Option<String> {
+        self.postgres
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+    /// Records the monitor's finding; whether it changed.
+    pub(crate) fn set_postgres(&self, problem: Option<String>) -> bool {
+        let mut held = self
+            .postgres
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let changed = *held != problem;
+        *held = problem;
+        changed
     }
     /// Sets the monitor's answer; returns the previous value.
     pub(crate) fn set_ready(&self, ready: bool) -> bool {

@@ -306,7 +306,7 @@ impl Handler<RunOrder> for BucketActor {
         Box::pin(async move {
             answer
                 .await
-                .unwrap_or(Err(ErrorClass::Transient("bucket_stopped")))
+                .unwrap_or(Err(ErrorClass::Unavailable("bucket_stopped")))
         })
     }
 }
@@ -523,7 +523,9 @@ async fn run_orders(
             })
         })
         .collect::<Result<_, StoreError>>()?;
-    let (outcomes, attempts) = create_orders(&mut conn, &ctx, &inputs, turn).await?;
+    let created = create_orders(&mut conn, &ctx, &inputs, turn).await;
+    // A read-only server (25006) closes this connection rather than pool it.
+    let (outcomes, attempts) = conn.observe(created)?;
     Ok(Done {
         outcomes,
         attempts,

@@ -28,7 +28,7 @@ use crate::domain::outcome::{disposition, Disposition, ErrorClass};
 use crate::domain::payment::PaymentCallback;
 use crate::mq::acks::Acks;
 use crate::mq::publisher::ConfirmedPublisher;
-use crate::mq::settlement::{ack, dead_letter, retry, IntakeRoutes, Outlet};
+use crate::mq::settlement::{ack, dead_letter, retry, Budget, IntakeRoutes, Outlet};
 use crate::mq::topology::declare_topology;
 use crate::mq::{self, MqError};
 use crate::services::supervisor::{ChildFailed, StopChild};
@@ -78,7 +78,7 @@ impl IntakeWork for OrderWork {
             };
             let outcome = match reservations.send(route).await {
                 Ok(Ok(result)) => result?,
-                Ok(Err(_)) | Err(_) => return Err(ErrorClass::Transient("actor_unavailable")),
+                Ok(Err(_)) | Err(_) => return Err(ErrorClass::Unavailable("actor_unavailable")),
             };
             metrics::counter!(crate::telemetry::names::ORDERS_TOTAL, "outcome" => outcome.label())
                 .increment(1);
@@ -116,7 +116,9 @@ impl IntakeWork for PaymentWork {
         Box::pin(async move {
             let result = async {
                 let mut conn = work.pool.get().await?;
-                apply_callback(&mut conn, &work.consumer_group, &work.topic, &cb).await
+                let applied =
+                    apply_callback(&mut conn, &work.consumer_group, &work.topic, &cb).await;
+                conn.observe(applied)
             }
             .await;
             let outcome = result.map_err(|e| {
@@ -541,7 +543,7 @@ async fn settle(
             drop(permit);
             result
         }
-        None => Err(ErrorClass::Transient("no_permit")),
+        None => Err(ErrorClass::Unavailable("no_permit")),
     };
     if let Err(ErrorClass::CommitOutcomeUnknown) = &result {
         metrics::counter!(crate::telemetry::names::COMMIT_UNKNOWN_TOTAL).increment(1);
@@ -558,7 +560,12 @@ async fn settle(
             crate::failpoint!("after_commit_before_ack");
             ack(&outlet, &delivery, in_flight)
         }
-        Disposition::Retry { reason } => retry(&outlet, delivery, reason, in_flight).await,
+        Disposition::Retry { reason } => {
+            retry(&outlet, delivery, reason, Budget::Spend, in_flight).await
+        }
+        Disposition::Wait { reason } => {
+            retry(&outlet, delivery, reason, Budget::Keep, in_flight).await
+        }
         Disposition::DeadLetter { reason } => {
             let reason = PoisonReason::new("processing_failed", reason);
             dead_letter(&outlet, delivery, &reason, in_flight).await;

@@ -69,7 +69,7 @@ impl Handler<ProcessOrder> for ReservationActor {
                     Ok(Ok(inner)) => inner,
                     // The registry or the bucket actor is gone (shutdown): nothing was
                     // decided, try again later.
-                    Ok(Err(_)) | Err(_) => Err(ErrorClass::Transient("actor_unavailable")),
+                    Ok(Err(_)) | Err(_) => Err(ErrorClass::Unavailable("actor_unavailable")),
                 };
                 if let Ok(outcome) = &result {
                     actor.last = Some((message_id, *outcome));

@@ -93,9 +93,16 @@ impl OrderOutcome {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ErrorClass {
     /// Nothing was committed and trying again later may succeed: deadlock,
-    /// serialization, lock or statement timeout, pool timeout, connection lost before
-    /// COMMIT, database shutting down. `reason` is a small fixed label.
+    /// serialization, lock or statement timeout. Counts toward the message's retry
+    /// budget (`amqp.max_retries`). `reason` is a small fixed label.
     Transient(&'static str),
+    /// Nothing was committed because the database (or this engine) could not take
+    /// the work at all: no pooled connection, no writable primary (25006), a lost
+    /// connection (class 08), a server shutting down (57P01–57P03), the engine
+    /// stopping. Says nothing about the message, so it never counts toward the
+    /// retry budget: while the database is the problem the message waits in the
+    /// broker, for as long as that takes (docs/DESIGN.md, "Failure handling").
+    Unavailable(&'static str),
     /// COMMIT was sent and no answer came back: the transaction may or may not have
     /// committed. Never called failed; the redelivery resolves it through the inbox
     /// and the unique keys (§7.5).
@@ -109,7 +116,7 @@ impl ErrorClass {
     /// Log label (the `commit_result` of a failed transaction).
     pub fn label(&self) -> &'static str {
         match self {
-            ErrorClass::Transient(_) => "rolled_back_transient",
+            ErrorClass::Transient(_) | ErrorClass::Unavailable(_) => "rolled_back_transient",
             ErrorClass::CommitOutcomeUnknown => "unknown",
             ErrorClass::Fatal(_) => "rolled_back_fatal",
         }
@@ -121,8 +128,13 @@ impl ErrorClass {
 pub enum Disposition {
     /// The effect (or its recorded rejection) is committed.
     Ack,
-    /// Send to the delayed-retry queue; nothing is acked before a commit.
+    /// Send to the delayed-retry queue, counting one retry of the message's budget;
+    /// nothing is acked before a commit.
     Retry { reason: &'static str },
+    /// Send to the delayed-retry queue without counting a retry: the failure was
+    /// the database's or the engine's, not the message's (`ErrorClass::Unavailable`,
+    /// `ErrorClass::CommitOutcomeUnknown`).
+    Wait { reason: &'static str },
     /// Send to the dead-letter queue with the reason.
     DeadLetter { reason: String },
 }
@@ -131,7 +143,8 @@ pub fn disposition<T>(result: Result<&T, &ErrorClass>) -> Disposition {
     match result {
         Ok(_) => Disposition::Ack,
         Err(ErrorClass::Transient(reason)) => Disposition::Retry { reason },
-        Err(ErrorClass::CommitOutcomeUnknown) => Disposition::Retry {
+        Err(ErrorClass::Unavailable(reason)) => Disposition::Wait { reason },
+        Err(ErrorClass::CommitOutcomeUnknown) => Disposition::Wait {
             reason: "commit_outcome_unknown",
         },
         Err(ErrorClass::Fatal(reason)) => Disposition::DeadLetter {
@@ -163,9 +176,23 @@ mod tests {
     fn commit_outcome_unknown_is_never_acked_nor_dead_lettered() {
         assert_eq!(
             disposition::<OrderOutcome>(Err(&ErrorClass::CommitOutcomeUnknown)),
-            Disposition::Retry {
+            Disposition::Wait {
                 reason: "commit_outcome_unknown"
             }
+        );
+    }
+
+    #[test]
+    fn unavailability_waits_without_spending_the_budget() {
+        assert_eq!(
+            disposition::<OrderOutcome>(Err(&ErrorClass::Unavailable("pool_timeout"))),
+            Disposition::Wait {
+                reason: "pool_timeout"
+            }
+        );
+        assert_eq!(
+            disposition::<OrderOutcome>(Err(&ErrorClass::Transient("deadlock"))),
+            Disposition::Retry { reason: "deadlock" }
         );
     }
 }

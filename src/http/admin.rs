@@ -79,12 +79,17 @@ async fn livez() -> HttpResponse {
 async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
     const OK: &str = "ok";
     let mut checks = serde_json::Map::new();
-    let postgres = match admin.pool.get().await {
-        Ok(mut conn) => match migrate::verify(&mut conn.client).await {
-            Ok(()) => OK.to_owned(),
+    // The monitor's finding first: it knows a stalled COMMIT or a missing
+    // standby, which a fresh connection would not show.
+    let postgres = match admin.readiness.postgres_problem() {
+        Some(problem) => problem,
+        None => match admin.pool.get().await {
+            Ok(mut conn) => match migrate::verify(&mut conn.client).await {
+                Ok(()) => OK.to_owned(),
+                Err(e) => e.to_string(),
+            },
             Err(e) => e.to_string(),
         },
-        Err(e) => e.to_string(),
     };
     checks.insert("postgres".into(), json!(postgres));
     let consuming = admin.intakes.consuming();

@@ -58,6 +58,17 @@ fn copy_properties(delivery: &Delivery, extra: &[(&str, AMQPValue)]) -> BasicPro
     delivery.properties.clone().with_headers(headers)
 }
 
+/// Whether a retry spends one of the message's `amqp.max_retries`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Budget {
+    /// The message's own attempt failed (a deadlock, a lock timeout, an unexpected
+    /// SQLSTATE): counted, and dead-lettered once the budget is spent.
+    Spend,
+    /// The database or the engine could not take the work (docs/DESIGN.md,
+    /// "Failure handling"): the message waits, however long, without counting.
+    Keep,
+}
+
 /// Sends the message to the shard's retry queue (it comes back after the TTL), then
 /// acks the original. If the copy cannot be published, the original is requeued after
 /// the delay instead: never lost, never acked early.
@@ -65,11 +76,12 @@ pub(crate) async fn retry(
     outlet: &Outlet,
     delivery: Delivery,
     reason: &'static str,
+    budget: Budget,
     in_flight: InFlight,
 ) {
     let routes = &outlet.routes;
     let retries = retries_of(&delivery);
-    if retries >= routes.max_retries {
+    if budget == Budget::Spend && retries >= routes.max_retries {
         let reason = PoisonReason::new(
             "retries_exhausted",
             format!("gave up after {retries} delayed retries; last reason: {reason}"),
@@ -79,12 +91,13 @@ pub(crate) async fn retry(
     }
     metrics::counter!(crate::telemetry::names::ORDER_RETRIES_TOTAL, "reason" => reason)
         .increment(1);
+    let counted = match budget {
+        Budget::Spend => retries.saturating_add(1),
+        Budget::Keep => retries,
+    };
     let props = copy_properties(
         &delivery,
-        &[(
-            RETRIES_HEADER,
-            AMQPValue::LongLongInt(i64::from(retries) + 1),
-        )],
+        &[(RETRIES_HEADER, AMQPValue::LongLongInt(i64::from(counted)))],
     );
     match outlet
         .publisher

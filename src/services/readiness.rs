@@ -11,8 +11,9 @@ use std::time::Duration;
 use futures_util::future::LocalBoxFuture;
 
 use super::runner::{Outcome, Service, ServiceError};
-use crate::config::RedisSettings;
+use crate::config::{DatabaseSettings, RedisSettings};
 use crate::status::Readiness;
+use crate::store::primary::{self, NO_WRITABLE_PRIMARY};
 use crate::store::Pool;
 
 pub struct ReadinessMonitor {
@@ -21,6 +22,7 @@ pub struct ReadinessMonitor {
 
 struct Inner {
     pool: Pool,
+    database: DatabaseSettings,
     redis: RedisSettings,
     readiness: Arc<Readiness>,
     interval: Duration,
@@ -32,6 +34,7 @@ const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 impl ReadinessMonitor {
     pub fn new(
         pool: Pool,
+        database: DatabaseSettings,
         redis: RedisSettings,
         readiness: Arc<Readiness>,
         interval: Duration,
@@ -39,10 +42,40 @@ impl ReadinessMonitor {
         Self {
             inner: Rc::new(Inner {
                 pool,
+                database,
                 redis,
                 readiness,
                 interval,
             }),
+        }
+    }
+}
+
+impl Inner {
+    /// `Ok` while orders may run on the database; otherwise why not.
+    async fn postgres(&self) -> Result<(), String> {
+        let conn = match self.pool.get().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                return Err(match self.pool.connect_error() {
+                    // tokio-postgres' words when every server named is read-only.
+                    Some(why) if why.contains("does not allow writes") => {
+                        format!("{NO_WRITABLE_PRIMARY}: {why}")
+                    }
+                    Some(why) => format!("no connection: {why}"),
+                    None => e.to_string(),
+                });
+            }
+        };
+        let state = primary::primary_state(&conn.client)
+            .await
+            .map_err(|e| e.to_string())?;
+        match state.problem(
+            self.database.require_sync_standby,
+            self.database.commit_stall(),
+        ) {
+            Some(problem) => Err(problem),
+            None => Ok(()),
         }
     }
 }
@@ -57,14 +90,12 @@ impl Service for ReadinessMonitor {
     fn run_once(&self) -> LocalBoxFuture<'static, Result<Outcome, ServiceError>> {
         let inner = self.inner.clone();
         Box::pin(async move {
-            let postgres = async {
-                let conn = inner.pool.get().await.ok()?;
-                crate::store::ping(&conn.client).await.ok()
+            let postgres = match tokio::time::timeout(CHECK_TIMEOUT, inner.postgres()).await {
+                Ok(answer) => answer,
+                Err(_) => Err("no answer within 2 s".to_owned()),
             };
-            let postgres_up = matches!(
-                tokio::time::timeout(CHECK_TIMEOUT, postgres).await,
-                Ok(Some(_))
-            );
+            let postgres_up = postgres.is_ok();
+            let changed = inner.readiness.set_postgres(postgres.clone().err());
             let redis = async {
                 let mut conn = crate::redis::connect(&inner.redis).await.ok()?;
                 crate::redis::commands::ping(&mut conn).await.ok()
@@ -76,11 +107,17 @@ impl Service for ReadinessMonitor {
             let ready = postgres_up && redis_up;
             let was = inner.readiness.set_ready(ready);
             metrics::gauge!(crate::telemetry::names::READY).set(if ready { 1.0 } else { 0.0 });
-            if was != ready {
+            if was != ready || changed {
                 if ready {
                     tracing::info!("dependencies answer again; intakes resume consuming");
                 } else {
-                    tracing::warn!(postgres_up, redis_up, "not ready; intakes stop consuming");
+                    let postgres = postgres.err();
+                    tracing::warn!(
+                        postgres_up,
+                        postgres,
+                        redis_up,
+                        "not ready; intakes stop consuming"
+                    );
                 }
             }
             Ok(Outcome::default().count("transitions", u64::from(was != ready)))

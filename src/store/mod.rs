@@ -12,6 +12,7 @@ pub mod ops;
 pub mod orders;
 pub mod outbox;
 pub mod payments;
+pub mod primary;
 pub mod reads;
 pub mod reconcile;
 pub mod sqlstate;
@@ -62,6 +63,7 @@ pub struct Pool {
     queue: Arc<Semaphore>,
     acquire_timeout: Duration,
     counts: Arc<PoolCounts>,
+    connect_error: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 #[derive(Default)]
@@ -153,6 +155,15 @@ impl Pool {
         got
     }
 
+    /// Why the pool could not open a connection, while it cannot (no attempt
+    /// has succeeded since that one failed).
+    pub fn connect_error(&self) -> Option<String> {
+        self.connect_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     pub fn state(&self) -> PoolState {
         let state = self.inner.state();
         PoolState {
@@ -190,6 +201,12 @@ pub enum StoreError {
     /// COMMIT was sent and the connection failed before the answer (§7.5).
     #[error("commit outcome unknown: {}", describe(.0))]
     CommitOutcomeUnknown(tokio_postgres::Error),
+    /// COMMIT was answered as a success with a warning: when a wait for a
+    /// synchronous standby is cancelled, PostgreSQL commits locally and says so only
+    /// in a warning (`Warnings`). Not replicated, it would not survive a fail-over:
+    /// treated as an unknown outcome, never acked.
+    #[error("COMMIT answered with a warning (a cancelled wait for a synchronous standby): committed locally, maybe not replicated")]
+    CommitWarned,
     /// The data contradicts the model (e.g. an order id collision): an operator must look.
     #[error("anomaly: {0}")]
     Anomaly(String),
@@ -223,7 +240,7 @@ pub fn describe(e: &tokio_postgres::Error) -> String {
 impl StoreError {
     pub fn class(&self) -> ErrorClass {
         match self {
-            StoreError::PoolTimeout => ErrorClass::Transient("pool_timeout"),
+            StoreError::PoolTimeout => ErrorClass::Unavailable("pool_timeout"),
             StoreError::Db(_) if self.is_minted_id_conflict() => {
                 ErrorClass::Transient("minted_id_conflict")
             }
@@ -231,17 +248,19 @@ impl StoreError {
                 Some(state) => classify_sqlstate(state.code()),
                 // No SQLSTATE: the connection broke before COMMIT was sent, so
                 // nothing was committed.
-                None => ErrorClass::Transient("connection"),
+                None => ErrorClass::Unavailable("connection"),
             },
-            StoreError::CommitOutcomeUnknown(_) => ErrorClass::CommitOutcomeUnknown,
+            StoreError::CommitOutcomeUnknown(_) | StoreError::CommitWarned => {
+                ErrorClass::CommitOutcomeUnknown
+            }
             StoreError::Anomaly(reason) => ErrorClass::Fatal(reason.clone()),
             StoreError::Url(reason) => ErrorClass::Fatal(reason.clone()),
-            StoreError::NotOpened(_) => ErrorClass::Transient("connection"),
+            StoreError::NotOpened(_) => ErrorClass::Unavailable("connection"),
             // Nothing committed; never leaves `create_orders`.
             StoreError::Speculation => ErrorClass::Transient("speculation"),
             // Nothing was written; the message waits until the lease is renewed (or
             // another instance, with its own id, takes it).
-            StoreError::MintingStopped(_) => ErrorClass::Transient("minting_stopped"),
+            StoreError::MintingStopped(_) => ErrorClass::Unavailable("minting_stopped"),
         }
     }
 
@@ -308,19 +327,41 @@ pub struct PgConn {
     /// the pool like that (its caller was cancelled) is closed instead, which makes
     /// PostgreSQL roll the transaction back.
     pub(crate) in_transaction: bool,
+    /// The server answered 25006: it is read-only now (a standby, a primary being
+    /// fenced). The pool closes the connection instead of handing it out again;
+    /// the next one it opens goes to whichever server is writable (the URL may name
+    /// several, `target_session_attrs=read-write`).
+    read_only: bool,
+    /// The WARNING notices the server sent on this connection.
+    pub warnings: Warnings,
 }
 
 impl PgConn {
     /// A connection that has just been opened, with no statement prepared yet.
-    pub fn new(client: Client) -> Self {
+    pub fn new(client: Client, warnings: Warnings) -> Self {
         Self {
             client,
             statements: StatementCache::default(),
             checked_at: Instant::now(),
             in_transaction: false,
+            read_only: false,
+            warnings,
         }
     }
+
+    /// Passes `result` on, noting an answer that says the server is read-only.
+    pub fn observe<T>(&mut self, result: Result<T, StoreError>) -> Result<T, StoreError> {
+        if let Err(e) = &result {
+            if e.sqlstate() == Some(READ_ONLY_SQL_TRANSACTION) {
+                self.read_only = true;
+            }
+        }
+        result
+    }
 }
+
+/// SQLSTATE 25006, read_only_sql_transaction.
+const READ_ONLY_SQL_TRANSACTION: &str = "25006";
 
 /// The per-connection statement cache, keyed by the static SQL text.
 #[derive(Default)]
@@ -342,18 +383,99 @@ impl StatementCache {
     }
 }
 
-/// bb8 manager that wraps bb8-postgres and adds the statement cache.
+/// The WARNING notices the server sent on one connection, counted by the task that
+/// drives it. A COMMIT answered with a warning may not be what it seems: when a
+/// wait for a synchronous standby is cancelled (`pg_cancel_backend`, as an operator
+/// or a pooler does to "stuck" sessions), PostgreSQL answers the COMMIT as a
+/// success with only `WARNING: canceling wait for synchronous replication …
+/// committed locally, but might not have been replicated`. `tx::commit` compares
+/// the count before and after: any warning during COMMIT makes its outcome unknown.
+/// The severity is read from the field PostgreSQL never translates, so this holds
+/// whatever `lc_messages` the server runs with.
+#[derive(Debug, Clone, Default)]
+pub struct Warnings(Arc<AtomicU64>);
+
+impl Warnings {
+    /// Warnings seen so far on the connection.
+    pub fn seen(&self) -> u64 {
+        self.0.load(Ordering::Acquire)
+    }
+
+    fn saw(&self, notice: &tokio_postgres::error::DbError) {
+        if notice.parsed_severity() == Some(tokio_postgres::error::Severity::Warning) {
+            self.0.fetch_add(1, Ordering::AcqRel);
+            tracing::warn!(
+                sqlstate = notice.code().code(),
+                server_message = notice.message(),
+                detail = notice.detail(),
+                "PostgreSQL sent a warning"
+            );
+        }
+    }
+}
+
+/// Opens a connection and drives it on the current runtime, counting its warnings.
+/// The notices arrive in protocol order, so a warning sent before a statement's
+/// answer is counted before the caller sees that answer.
+async fn open(
+    config: &tokio_postgres::Config,
+    warnings: Warnings,
+) -> Result<Client, tokio_postgres::Error> {
+    let (client, mut connection) = config.connect(NoTls).await?;
+    tokio::spawn(async move {
+        loop {
+            match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                Some(Ok(tokio_postgres::AsyncMessage::Notice(notice))) => warnings.saw(&notice),
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    tracing::debug!(error = %e, "PostgreSQL connection closed");
+                    break;
+                }
+                None => break,
+            }
+        }
+    });
+    Ok(client)
+}
+
+/// bb8 manager: opens connections that count their warnings, keeps a statement
+/// cache per connection, and drops a connection that turned out to be on a
+/// read-only server.
 pub struct PgManager {
+    config: tokio_postgres::Config,
+    /// Its liveness check.
     inner: PostgresConnectionManager<NoTls>,
     /// Where connections are opened and their tasks run, whoever asks for one, in
     /// turn (the engine's pipeline lanes, `actors::lanes`). bb8 opens a connection
-    /// in the task that finds the pool short, and bb8-postgres spawns its task on
-    /// that task's runtime: an HTTP worker's, when a front-stage request made the
+    /// in the task that finds the pool short, and the connection's task would run
+    /// on that task's runtime: an HTTP worker's, when a front-stage request made the
     /// pool grow. The order transactions that reuse such a connection would hop
     /// threads on every round trip, and it would close when the front stage stops,
     /// ahead of the engine's drain.
     runtimes: Vec<tokio::runtime::Handle>,
     next: std::sync::atomic::AtomicUsize,
+    /// Why the last attempt to open a connection failed, while no attempt has
+    /// succeeded since (readiness reports it: "no writable primary", refused, …).
+    connect_error: Arc<std::sync::Mutex<Option<String>>>,
+}
+
+impl PgManager {
+    fn connected<T>(&self, result: Result<T, tokio_postgres::Error>) -> Result<T, StoreError> {
+        let mut last = self
+            .connect_error
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        match result {
+            Ok(client) => {
+                *last = None;
+                Ok(client)
+            }
+            Err(e) => {
+                *last = Some(describe(&e));
+                Err(StoreError::Db(e))
+            }
+        }
+    }
 }
 
 impl bb8::ManageConnection for PgManager {
@@ -363,14 +485,20 @@ impl bb8::ManageConnection for PgManager {
     async fn connect(&self) -> Result<PgConn, StoreError> {
         let turn = self.next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let runtime = &self.runtimes[turn % self.runtimes.len()];
-        let inner = self.inner.clone();
-        match runtime.spawn(async move { inner.connect().await }).await {
-            Ok(client) => Ok(PgConn::new(client?)),
+        let config = self.config.clone();
+        let warnings = Warnings::default();
+        let opening = warnings.clone();
+        let client = match runtime
+            .spawn(async move { open(&config, opening).await })
+            .await
+        {
+            Ok(client) => client,
             // That runtime has stopped (its lane ended before a late caller, such as
             // a front stage outliving an in-process engine): open it here instead.
-            Err(e) if e.is_cancelled() => Ok(PgConn::new(self.inner.connect().await?)),
-            Err(e) => Err(StoreError::NotOpened(e.to_string())),
-        }
+            Err(e) if e.is_cancelled() => open(&self.config, warnings.clone()).await,
+            Err(e) => return Err(StoreError::NotOpened(e.to_string())),
+        };
+        Ok(PgConn::new(self.connected(client)?, warnings))
     }
 
     /// The check is a round trip, and a checkout happens for every order transaction.
@@ -390,7 +518,7 @@ impl bb8::ManageConnection for PgManager {
     }
 
     fn has_broken(&self, conn: &mut PgConn) -> bool {
-        conn.client.is_closed() || conn.in_transaction
+        conn.client.is_closed() || conn.in_transaction || conn.read_only
     }
 }
 
@@ -418,10 +546,19 @@ pub fn build_pool_on(
             "building the pool: no runtime to open connections on".into(),
         ));
     }
+    let mut config = pg_config(settings)?;
+    // The engine writes: a server that is read-only (a standby; a primary with
+    // default_transaction_read_only) is passed over when the URL names several,
+    // and is no connection at all when it names one (libpq's
+    // target_session_attrs=read-write, whatever the URL says).
+    config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
+    let connect_error = Arc::default();
     let manager = PgManager {
-        inner: PostgresConnectionManager::new(pg_config(settings)?, NoTls),
+        inner: PostgresConnectionManager::new(config.clone(), NoTls),
+        config,
         runtimes,
         next: std::sync::atomic::AtomicUsize::new(0),
+        connect_error: Arc::clone(&connect_error),
     };
     let inner = bb8::Pool::builder()
         .max_size(settings.pool_size)
@@ -433,6 +570,7 @@ pub fn build_pool_on(
         queue: Arc::new(Semaphore::new(settings.pool_size as usize)),
         acquire_timeout: settings.acquire_timeout(),
         counts: Arc::default(),
+        connect_error,
     })
 }
 

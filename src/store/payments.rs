@@ -10,7 +10,7 @@ use uuid::Uuid;
 use super::compensation::{insert_task, NewTask};
 use super::outbox::{event_payload, insert_event, Event};
 use super::tx::commit;
-use super::{PgConn, StatementCache, StoreError};
+use super::{PgConn, StatementCache, StoreError, Warnings};
 use crate::domain::payment::{PaymentCallback, PaymentResult};
 use crate::domain::status::{CompensationType, OrderStatus, PaymentStatus};
 use tokio_postgres::Transaction;
@@ -30,7 +30,10 @@ pub async fn apply_callback(
     cb: &PaymentCallback,
 ) -> Result<PaymentOutcome, StoreError> {
     let PgConn {
-        client, statements, ..
+        client,
+        statements,
+        warnings,
+        ..
     } = conn;
     let tx = client.transaction().await?;
     let st = statements;
@@ -60,7 +63,7 @@ pub async fn apply_callback(
                 &[&consumer_group, &message_id],
             )
             .await?;
-        commit(tx).await?;
+        commit(tx, warnings).await?;
         let stored: String = row.get(0);
         let result = PaymentResult::parse(&stored).ok_or_else(|| {
             StoreError::Anomaly(format!("inbox holds unknown payment result {stored:?}"))
@@ -76,6 +79,7 @@ pub async fn apply_callback(
         return finish(
             tx,
             st,
+            warnings,
             consumer_group,
             message_id,
             PaymentResult::UnknownOrder,
@@ -99,6 +103,7 @@ pub async fn apply_callback(
         return finish(
             tx,
             st,
+            warnings,
             consumer_group,
             message_id,
             PaymentResult::AmountMismatch,
@@ -133,7 +138,15 @@ pub async fn apply_callback(
             },
         )
         .await?;
-        return finish(tx, st, consumer_group, message_id, PaymentResult::Paid).await;
+        return finish(
+            tx,
+            st,
+            warnings,
+            consumer_group,
+            message_id,
+            PaymentResult::Paid,
+        )
+        .await;
     }
 
     // 0 rows: classify by re-reading (§9.9).
@@ -162,7 +175,7 @@ pub async fn apply_callback(
             PaymentResult::NotPayable
         }
     };
-    finish(tx, st, consumer_group, message_id, result).await
+    finish(tx, st, warnings, consumer_group, message_id, result).await
 }
 
 /// Records the payment; returns whether it is new (unique keys decide).
@@ -270,6 +283,7 @@ async fn manual_review(
 async fn finish(
     tx: Transaction<'_>,
     st: &mut StatementCache,
+    warnings: &Warnings,
     consumer_group: &str,
     message_id: Uuid,
     result: PaymentResult,
@@ -279,7 +293,7 @@ async fn finish(
         &[&consumer_group, &message_id, &result.as_str()],
     )
     .await?;
-    commit(tx).await?;
+    commit(tx, warnings).await?;
     Ok(PaymentOutcome {
         result,
         duplicate: false,

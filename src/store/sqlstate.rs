@@ -12,9 +12,15 @@ pub fn classify_sqlstate(code: &str) -> ErrorClass {
         "55P03" => ErrorClass::Transient("lock_timeout"),
         "57014" => ErrorClass::Transient("statement_timeout"),
         "25P04" => ErrorClass::Transient("idle_session_timeout"),
-        // admin_shutdown, crash_shutdown, cannot_connect_now, database_dropped
-        "57P01" | "57P02" | "57P03" | "57P04" => ErrorClass::Transient("server_shutdown"),
-        c if c.starts_with("08") => ErrorClass::Transient("connection"),
+        // The server (or this session) is read-only: a standby, a primary being
+        // fenced during a fail-over, or `default_transaction_read_only = on`. Not
+        // the message's fault; the pool closes the connection (`PgConn::observe`).
+        "25006" => ErrorClass::Unavailable("read_only"),
+        // admin_shutdown, crash_shutdown, cannot_connect_now: the server is going
+        // or not there yet (a restart or a fail-over).
+        "57P01" | "57P02" | "57P03" => ErrorClass::Unavailable("server_shutdown"),
+        "57P04" => ErrorClass::Transient("database_dropped"),
+        c if c.starts_with("08") => ErrorClass::Unavailable("connection"),
         // insufficient resources (too many connections, out of memory, disk full)
         c if c.starts_with("53") => ErrorClass::Transient("insufficient_resources"),
         c if c.starts_with("58") => ErrorClass::Transient("system_error"),
@@ -63,8 +69,6 @@ mod tests {
             ("40P01", "deadlock"),
             ("55P03", "lock_timeout"),
             ("57014", "statement_timeout"),
-            ("57P01", "server_shutdown"),
-            ("08006", "connection"),
             ("53300", "insufficient_resources"),
         ] {
             assert_eq!(
@@ -78,6 +82,30 @@ mod tests {
             );
         }
         assert!(retry_in_place("40001") && retry_in_place("40P01"));
+    }
+
+    /// The database's unavailability never spends a message's retry budget
+    /// (a fail-over, a read-only primary, a restart).
+    #[test]
+    fn sqlstates_that_wait() {
+        for (code, reason) in [
+            ("25006", "read_only"),
+            ("57P01", "server_shutdown"),
+            ("57P02", "server_shutdown"),
+            ("57P03", "server_shutdown"),
+            ("08006", "connection"),
+            ("08001", "connection"),
+        ] {
+            assert_eq!(
+                classify_sqlstate(code),
+                ErrorClass::Unavailable(reason),
+                "{code}"
+            );
+            assert_eq!(
+                disposition::<OrderOutcome>(Err(&classify_sqlstate(code))),
+                Disposition::Wait { reason }
+            );
+        }
         assert!(!retry_in_place("55P03") && !retry_in_place("23505"));
     }
 

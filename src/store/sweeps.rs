@@ -28,7 +28,10 @@ pub async fn cancel_next_expired(
     ledger_id: i64,
 ) -> Result<Option<Cancelled>, StoreError> {
     let PgConn {
-        client, statements, ..
+        client,
+        statements,
+        warnings,
+        ..
     } = conn;
     let tx = client.transaction().await?;
     let st = statements;
@@ -36,7 +39,7 @@ pub async fn cancel_next_expired(
         .query_opt(&st.get(&tx, CLAIM_EXPIRED).await?, &[])
         .await?
     else {
-        commit(tx).await?;
+        commit(tx, warnings).await?;
         return Ok(None);
     };
     let order_id: i64 = candidate.get(0);
@@ -46,7 +49,7 @@ pub async fn cancel_next_expired(
         .query_opt(&st.get(&tx, CANCEL_ORDER).await?, &[&order_id])
         .await?
     else {
-        commit(tx).await?;
+        commit(tx, warnings).await?;
         return Ok(None);
     };
     let reservation_id: Uuid = order.get(0);
@@ -146,7 +149,7 @@ pub async fn cancel_next_expired(
         },
     )
     .await?;
-    commit(tx).await?;
+    commit(tx, warnings).await?;
     Ok(Some(Cancelled {
         order_id,
         reservation_id,

@@ -5,15 +5,31 @@
 
 use tokio_postgres::Transaction;
 
-use super::StoreError;
+use super::{StoreError, Warnings};
 
 /// A COMMIT refused for a reason of the transaction itself (serialization, a
 /// deferred constraint, a data error, an aborted transaction) did not commit. Any
 /// other failure may have committed (§7.5): no answer at all, and also an answer
 /// like `57P01` from a backend terminated *while* committing, which PostgreSQL sends
 /// after the commit record may already be durable.
-pub(crate) async fn commit(tx: Transaction<'_>) -> Result<(), StoreError> {
-    tx.commit().await.map_err(commit_failed)
+///
+/// A COMMIT answered with a warning is not taken as committed either: that is how
+/// PostgreSQL answers when its wait for a synchronous standby was cancelled
+/// (committed locally, maybe not replicated; `Warnings`). Acked, such an order
+/// would be lost by a fail-over right after.
+pub(crate) async fn commit(tx: Transaction<'_>, warnings: &Warnings) -> Result<(), StoreError> {
+    let before = warnings.seen();
+    tx.commit().await.map_err(commit_failed)?;
+    unwarned(warnings, before)
+}
+
+/// `Ok` unless the connection's warning count moved past `before` (see `commit`).
+pub(crate) fn unwarned(warnings: &Warnings, before: u64) -> Result<(), StoreError> {
+    if warnings.seen() == before {
+        Ok(())
+    } else {
+        Err(StoreError::CommitWarned)
+    }
 }
 
 /// Whether a failed COMMIT may have committed (see `commit`).

@@ -102,7 +102,7 @@ fn context(speculate: Speculation) -> OrderTxContext {
 }
 
 fn connection(client: Client) -> PgConn {
-    PgConn::new(client)
+    PgConn::new(client, Default::default())
 }
 
 /// Runs `msgs` in order, `chunks[i]` of them per transaction (cycling).

@@ -9,6 +9,7 @@ mod cli;
 mod deploy;
 mod frontstage;
 mod group_commit;
+mod ha;
 mod pipeline;
 mod pool;
 mod schema;

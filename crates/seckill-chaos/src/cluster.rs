@@ -334,3 +334,94 @@ pub fn iptables(op: &str, rule: &[String]) -> anyhow::Result<()> {
     }
     Ok(())
 }
+
+/// A PostgreSQL primary with two streaming standbys of one scenario
+/// (`scripts/services up --ha` in a directory of its own), broken and repaired with
+/// `scripts/failover`.
+#[derive(Clone)]
+pub struct HaTopology {
+    pub dir: PathBuf,
+    pub ports: [u16; 3],
+    /// `scripts/services`; `scripts/failover` is next to it.
+    script: PathBuf,
+}
+
+impl HaTopology {
+    /// `sync`: a synchronous quorum of one; otherwise asynchronous standbys.
+    pub fn start(cluster: &Cluster, name: &str, sync: bool) -> anyhow::Result<HaTopology> {
+        let topology = HaTopology {
+            dir: cluster.dir.join(format!("ha-{name}")),
+            ports: [free_port(), free_port(), free_port()],
+            script: cluster.script.clone(),
+        };
+        std::fs::create_dir_all(&topology.dir)?;
+        // The plain services are the cluster's (they answer, so `up` uses them).
+        let out = Command::new(&topology.script)
+            .args(["up", "--ha"])
+            .envs(topology.env())
+            .env("SECKILL__DATABASE__URL", cluster.pg_url("seckill"))
+            .env("SECKILL__AMQP__URL", cluster.amqp_url())
+            .env("SECKILL__REDIS__URL", cluster.redis_url())
+            .env("HA_SYNC", if sync { "on" } else { "off" })
+            .output()
+            .context("running scripts/services up --ha")?;
+        if !out.status.success() {
+            bail!(
+                "scripts/services up --ha failed:\n{}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(topology)
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("SECKILL_SERVICES_DIR", self.dir.display().to_string()),
+            (
+                "SECKILL_HA_PORTS",
+                self.ports.map(|p| p.to_string()).join(" "),
+            ),
+        ]
+    }
+
+    /// libpq's multi-host URL naming all three servers.
+    pub fn url(&self, db: &str) -> String {
+        let hosts: Vec<String> = self
+            .ports
+            .iter()
+            .map(|p| format!("127.0.0.1:{p}"))
+            .collect();
+        format!(
+            "postgres://postgres@{}/{db}?target_session_attrs=read-write",
+            hosts.join(",")
+        )
+    }
+
+    /// `scripts/failover ARGS`.
+    pub fn failover(&self, args: &[&str]) -> anyhow::Result<String> {
+        let script = self.script.with_file_name("failover");
+        let out = Command::new(&script)
+            .args(args)
+            .envs(self.env())
+            .output()
+            .context("running scripts/failover")?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if !out.status.success() {
+            bail!("scripts/failover {args:?} failed:\n{text}");
+        }
+        Ok(text)
+    }
+
+    /// Stops the three servers.
+    pub fn stop(&self) {
+        let _ = Command::new(&self.script)
+            .arg("down")
+            .envs(self.env())
+            .output();
+    }
+}

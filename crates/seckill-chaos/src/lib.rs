@@ -19,7 +19,7 @@ use figment::providers::Serialized;
 use rand::Rng;
 
 pub use account::Account;
-use cluster::{Cluster, EngineProc};
+use cluster::{Cluster, EngineProc, HaTopology};
 use workload::{Plan, Shape};
 
 use seckill_engine::config::{self, Settings};
@@ -82,6 +82,14 @@ pub enum Fault {
     /// A failpoint armed to abort the process (`name=P%return`); the harness
     /// restarts the engine after each crash, disarmed after a few.
     Failpoint(&'static str, u32),
+    /// The HA primary crashed (`stop -m immediate`), a standby promoted by
+    /// `scripts/failover promote`, the old primary rejoined 4 s later; every 10 s.
+    PgFailover,
+    /// Both HA standbys stopped for 4 s, then started again; every 8 s.
+    StandbyLoss,
+    /// The primary turned read-only (`default_transaction_read_only`, as a fencing
+    /// tool does; sessions keep running and get 25006) for 4 s, every 8 s.
+    PgReadOnly,
 }
 
 pub struct Scenario {
@@ -96,6 +104,18 @@ pub struct Scenario {
     pub engine_env: &'static [(&'static str, &'static str)],
     /// Order shard queues (`amqp.shards`) for the harness and its engines.
     pub shards: u16,
+    /// Runs on a PostgreSQL HA topology of its own: `Some(true)` with a synchronous
+    /// standby quorum of one, `Some(false)` with asynchronous standbys.
+    pub ha: Option<bool>,
+}
+
+impl Scenario {
+    /// Asynchronous standbys: a fail-over may lose what the primary acknowledged
+    /// and had not shipped yet (seed §14.3). The account reports it, and it does
+    /// not fail the run.
+    pub fn loss_allowed(&self) -> bool {
+        self.ha == Some(false)
+    }
 }
 
 /// The matrix. The short profile is what CI runs.
@@ -110,6 +130,7 @@ pub fn scenarios() -> Vec<Scenario> {
         in_short,
         engine_env: &[],
         shards: 2,
+        ha: Option::None,
     };
     vec![
         s(
@@ -234,6 +255,62 @@ pub fn scenarios() -> Vec<Scenario> {
             false,
         ),
         s("net_cut", Shape::Unique, (2_000, 8_000), NetCut, 1, false),
+        // PostgreSQL high availability (docs/DESIGN.md): the engine is given the
+        // three servers' multi-host URL and a small retry budget, which no outage
+        // may spend.
+        Scenario {
+            engine_env: &[
+                ("SECKILL__DATABASE__REQUIRE_SYNC_STANDBY", "true"),
+                ("SECKILL__AMQP__MAX_RETRIES", "3"),
+            ],
+            ha: Some(true),
+            ..s(
+                "pg_failover",
+                Shape::Sale16,
+                (1_500, 5_455),
+                PgFailover,
+                1,
+                true,
+            )
+        },
+        Scenario {
+            engine_env: &[("SECKILL__AMQP__MAX_RETRIES", "3")],
+            ha: Some(false),
+            ..s(
+                "pg_failover_async",
+                Shape::Sale16,
+                (1_500, 5_455),
+                PgFailover,
+                1,
+                false,
+            )
+        },
+        Scenario {
+            engine_env: &[
+                ("SECKILL__DATABASE__REQUIRE_SYNC_STANDBY", "true"),
+                ("SECKILL__AMQP__MAX_RETRIES", "3"),
+            ],
+            ha: Some(true),
+            ..s(
+                "standby_loss",
+                Shape::Unique,
+                (1_500, 6_000),
+                StandbyLoss,
+                1,
+                false,
+            )
+        },
+        Scenario {
+            engine_env: &[("SECKILL__AMQP__MAX_RETRIES", "3")],
+            ..s(
+                "pg_read_only",
+                Shape::Unique,
+                (1_500, 6_000),
+                PgReadOnly,
+                1,
+                false,
+            )
+        },
         s(
             "fp_publish_before_confirm",
             Shape::Unique,
@@ -340,12 +417,21 @@ pub async fn run(args: &ChaosArgs) -> anyhow::Result<Vec<Account>> {
 
 /// Settings of one scenario: its own database, namespace and Redis prefix on the
 /// private services.
-fn scenario_settings(cluster: &Cluster, name: &str, shards: u16) -> anyhow::Result<Settings> {
+fn scenario_settings(
+    cluster: &Cluster,
+    ha: Option<&HaTopology>,
+    name: &str,
+    shards: u16,
+) -> anyhow::Result<Settings> {
     let tag = &uuid::Uuid::new_v4().simple().to_string()[..8];
+    let db = format!("chaos_{name}_{tag}");
     let figment = config::figment(None)
         .merge(Serialized::default(
             "database.url",
-            cluster.pg_url(&format!("chaos_{name}_{tag}")),
+            match ha {
+                Some(ha) => ha.url(&db),
+                None => cluster.pg_url(&db),
+            },
         ))
         .merge(Serialized::default("amqp.url", cluster.amqp_url()))
         .merge(Serialized::default("redis.url", cluster.redis_url()))
@@ -386,8 +472,9 @@ fn engine_env(settings: &Settings) -> Vec<(String, String)> {
         ),
         ("SECKILL__AMQP__SHARDS", settings.amqp.shards.to_string()),
         ("SECKILL__AMQP__RETRY_DELAY_MS", "200".into()),
-        // Long outages must not turn valid messages into dead letters.
-        ("SECKILL__AMQP__MAX_RETRIES", "200".into()),
+        // The default retry budget (amqp.max_retries): no outage of PostgreSQL may
+        // spend it (docs/DESIGN.md, "Error classes"), and the account counts any
+        // valid message dead-lettered.
         ("SECKILL__OUTBOX__LEASE_MS", "1500".into()),
         ("SECKILL__COMPENSATION__LEASE_MS", "1500".into()),
         ("SECKILL__SWEEPER__INTERVAL_MS", "100".into()),
@@ -416,7 +503,26 @@ async fn run_scenario(
     profile: Profile,
 ) -> anyhow::Result<Account> {
     let started = Instant::now();
-    let settings = scenario_settings(cluster, scenario.name, scenario.shards)?;
+    let ha = match scenario.ha {
+        Some(sync) => Some(HaTopology::start(cluster, scenario.name, sync)?),
+        None => None,
+    };
+    let result = run_on(cluster, ha.as_ref(), exe, scenario, profile, started).await;
+    if let Some(ha) = &ha {
+        ha.stop();
+    }
+    result
+}
+
+async fn run_on(
+    cluster: &Cluster,
+    ha: Option<&HaTopology>,
+    exe: &Path,
+    scenario: &Scenario,
+    profile: Profile,
+    started: Instant,
+) -> anyhow::Result<Account> {
+    let settings = scenario_settings(cluster, ha, scenario.name, scenario.shards)?;
     store::migrate::migrate(&store::admin_pg_config(&settings.database)?).await?;
     let buyers = match profile {
         Profile::Short => scenario.buyers.0,
@@ -456,6 +562,7 @@ async fn run_scenario(
     let fault_task = actix_rt::spawn(inject(
         scenario.fault,
         ClusterRef::new(cluster),
+        ha.cloned(),
         settings.clone(),
         engines.clone(),
         stop.clone(),
@@ -484,7 +591,7 @@ async fn run_scenario(
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.set(true);
     let _ = fault_task.await;
-    heal(cluster, &engines).await?;
+    heal(cluster, ha, &settings, &engines).await?;
     eprintln!("chaos: healed; draining");
 
     let drained =
@@ -509,6 +616,7 @@ async fn run_scenario(
         logs: &log_files,
         drained,
         redis_trusted: scenario.fault != Fault::RedisKill,
+        loss_allowed: scenario.loss_allowed(),
         elapsed: started.elapsed(),
     })
     .await
@@ -542,12 +650,28 @@ impl ClusterRef {
 }
 
 /// Brings every service and engine back before draining.
-async fn heal(cluster: &Cluster, engines: &Rc<RefCell<Vec<EngineProc>>>) -> anyhow::Result<()> {
+async fn heal(
+    cluster: &Cluster,
+    ha: Option<&HaTopology>,
+    settings: &Settings,
+    engines: &Rc<RefCell<Vec<EngineProc>>>,
+) -> anyhow::Result<()> {
     for rule in cluster.net_rules() {
         // Rules still in place from an interrupted cut; an absent rule is fine.
         while cluster::iptables("-D", &rule).is_ok() {}
     }
     cluster.services(&["up"])?;
+    if let Some(ha) = ha {
+        // Every server that is down comes back as a standby of the primary.
+        ha.failover(&["rejoin"])?;
+    }
+    // A primary left read-only by an interrupted PgReadOnly step.
+    if let Ok(admin) = pg_admin(settings).await {
+        let _ = admin
+            .batch_execute("ALTER SYSTEM RESET default_transaction_read_only")
+            .await;
+        let _ = admin.batch_execute("SELECT pg_reload_conf()").await;
+    }
     let _ = cluster.rabbitmqctl(&["start_app"]);
     if let Ok(mut redis) = cluster.redis().await {
         let _: Result<(), _> = ::redis::cmd("CLIENT")
@@ -565,11 +689,22 @@ async fn heal(cluster: &Cluster, engines: &Rc<RefCell<Vec<EngineProc>>>) -> anyh
     Ok(())
 }
 
+/// A session of the harness on the scenario's (primary) server, writable even while
+/// the fault has made the server's default read-only.
+async fn pg_admin(settings: &Settings) -> anyhow::Result<tokio_postgres::Client> {
+    let mut config = store::admin_pg_config(&settings.database)?;
+    config
+        .application_name("seckill-chaos")
+        .options("-c default_transaction_read_only=off");
+    Ok(store::connect(&config).await?)
+}
+
 /// Restarts engines that died (failpoint aborts); injects the scenario's fault on
 /// its schedule until `stop`.
 async fn inject(
     fault: Fault,
     cluster: ClusterRef,
+    ha: Option<HaTopology>,
     settings: Settings,
     engines: Rc<RefCell<Vec<EngineProc>>>,
     stop: Rc<Cell<bool>>,
@@ -703,6 +838,42 @@ async fn inject(
                     }
                     log.borrow_mut().healed.push(Instant::now());
                     next = Instant::now() + Duration::from_secs(7);
+                }
+                Fault::PgFailover => {
+                    let ha = ha.as_ref().context("PgFailover needs an HA topology")?;
+                    ha.failover(&["crash"])?;
+                    ha.failover(&["promote"])?;
+                    log.borrow_mut().injected += 1;
+                    log.borrow_mut().healed.push(Instant::now());
+                    tokio::time::sleep(Duration::from_secs(4)).await;
+                    ha.failover(&["rejoin"])?;
+                    next = Instant::now() + Duration::from_secs(6);
+                }
+                Fault::StandbyLoss => {
+                    let ha = ha.as_ref().context("StandbyLoss needs an HA topology")?;
+                    ha.failover(&["stop", "pg1"])?;
+                    ha.failover(&["stop", "pg2"])?;
+                    log.borrow_mut().injected += 1;
+                    tokio::time::sleep(Duration::from_secs(4)).await;
+                    ha.failover(&["start", "pg1"])?;
+                    ha.failover(&["start", "pg2"])?;
+                    log.borrow_mut().healed.push(Instant::now());
+                    next = Instant::now() + Duration::from_secs(4);
+                }
+                Fault::PgReadOnly => {
+                    let admin = pg_admin(&settings).await?;
+                    admin
+                        .batch_execute("ALTER SYSTEM SET default_transaction_read_only = on")
+                        .await?;
+                    admin.batch_execute("SELECT pg_reload_conf()").await?;
+                    log.borrow_mut().injected += 1;
+                    tokio::time::sleep(Duration::from_secs(4)).await;
+                    admin
+                        .batch_execute("ALTER SYSTEM RESET default_transaction_read_only")
+                        .await?;
+                    admin.batch_execute("SELECT pg_reload_conf()").await?;
+                    log.borrow_mut().healed.push(Instant::now());
+                    next = Instant::now() + Duration::from_secs(4);
                 }
                 Fault::RedisKill => {
                     let mut redis = cluster.redis().await?;

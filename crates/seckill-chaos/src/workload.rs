@@ -32,6 +32,9 @@ pub enum Shape {
     /// Orders that expire a few seconds after they are made, and payment callbacks
     /// for most of them timed around the expiry.
     PaymentsRace,
+    /// The fail-over acceptance sale: each buyer once over 16 buckets with stock for
+    /// all, one delivery in ten sent twice.
+    Sale16,
 }
 
 /// One message to publish.
@@ -72,6 +75,7 @@ impl Plan {
             Shape::Unique | Shape::Duplicates => ((buyers / 2).max(1) as i32, 8),
             Shape::HotSku => (500, 1),
             Shape::PaymentsRace => (buyers as i32, 4),
+            Shape::Sale16 => (buyers as i32, 16),
         };
         let names = Names::new(&settings.namespace);
         let ids = IdGenerator::new(MAX_NODE_ID - 2);
@@ -106,6 +110,7 @@ impl Plan {
             plan.reservations.insert(msg.reservation_id);
             let copies = match shape {
                 Shape::Unique | Shape::PaymentsRace => 1,
+                Shape::Sale16 => 1 + u32::from(rng.random_bool(0.1)),
                 Shape::HotSku => rng.random_range(2..=4),
                 Shape::Duplicates => rng.random_range(1..=3),
             };

@@ -124,7 +124,10 @@ async fn create_orders_once(
         }
     }
     let PgConn {
-        client, statements, ..
+        client,
+        statements,
+        warnings,
+        ..
     } = conn;
     let tx = client.transaction().await?;
     let st = statements;
@@ -147,7 +150,7 @@ async fn create_orders_once(
     set?;
     let outcomes = outcomes?;
     turn.pass_on().await;
-    commit(tx).await?;
+    commit(tx, warnings).await?;
     Ok(outcomes)
 }
 

@@ -25,8 +25,8 @@ use crate::domain::status::{LedgerType, ReservationStatus};
 use crate::store::compensation::{TaskRows, INSERT_TASKS};
 use crate::store::inbox::{INSERT_NEW_INBOX_ROWS, INSERT_SOLD_OUT_INBOX_ROWS};
 use crate::store::outbox::{EventRows, INSERT_EVENTS};
-use crate::store::tx::commit_failed;
-use crate::store::{PgConn, StoreError};
+use crate::store::tx::{commit_failed, unwarned};
+use crate::store::{PgConn, StoreError, Warnings};
 
 /// The common case, a segment of new messages whose orders the bucket has units
 /// for, as a whole transaction sent without waiting for any answer: BEGIN, the settings,
@@ -69,6 +69,7 @@ pub(super) async fn run_fresh_transaction(
         client,
         statements: st,
         in_transaction,
+        warnings,
         ..
     } = conn;
     let client = &*client;
@@ -105,6 +106,7 @@ pub(super) async fn run_fresh_transaction(
     send_whole(
         client,
         in_transaction,
+        warnings,
         vec![
             Box::pin(client.execute(&settings, &timeouts)),
             Box::pin(client.execute(&insert_inbox, &inbox_params)),
@@ -170,6 +172,7 @@ pub(super) async fn run_sold_out_transaction(
         client,
         statements: st,
         in_transaction,
+        warnings,
         ..
     } = conn;
     let client = &*client;
@@ -206,6 +209,7 @@ pub(super) async fn run_sold_out_transaction(
     send_whole(
         client,
         in_transaction,
+        warnings,
         vec![
             Box::pin(client.execute(&settings, &timeouts)),
             Box::pin(client.execute(&insert_inbox, &inbox_params)),
@@ -242,12 +246,16 @@ type Request<'c> = LocalBoxFuture<'c, Result<u64, tokio_postgres::Error>>;
 pub(super) async fn send_whole<'c>(
     client: &'c Client,
     in_transaction: &mut bool,
+    warnings: &Warnings,
     steps: Vec<Request<'c>>,
     turn: &mut AllocationTurn,
     (at_turn, at_turn_params): (&tokio_postgres::Statement, &[&(dyn ToSql + Sync)]),
 ) -> Result<(), StoreError> {
     // Every request before COMMIT, in the order sent; the first failure in this
     // order is the cause (the ones after it fail because the transaction aborted).
+    // A warning anywhere in the transaction makes a successful COMMIT's outcome
+    // unknown (`tx::commit`); none of its statements warns otherwise.
+    let warned_before = warnings.seen();
     *in_transaction = true;
     let mut requests: Vec<Request<'c>> = vec![Box::pin(async {
         client.batch_execute("BEGIN").await.map(|()| 0)
@@ -292,7 +300,8 @@ pub(super) async fn send_whole<'c>(
     if let Some(failed) = first_failure(answers) {
         return Err(failed);
     }
-    committed.map_err(commit_failed)
+    committed.map_err(commit_failed)?;
+    unwarned(warnings, warned_before)
 }
 
 /// Polls a request once; `Err` if it was not sent. tokio-postgres encodes a
