@@ -73,6 +73,36 @@ pub struct FrontstageSettings {
     pub request_ttl_secs: u64,
     pub workers: usize,
     pub reconcile_interval_ms: u64,
+    pub auth: AuthSettings,
+}
+
+/// The shortest `frontstage.auth.hs256_secret`: the key is as strong as the secret
+/// (RFC 7518 §3.2 asks for at least the hash's size, 256 bits).
+pub const MIN_HS256_SECRET_BYTES: usize = 32;
+
+/// How the front stage learns who the buyer is (`http::auth`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum AuthMode {
+    Jwt,
+    Gateway,
+    None,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AuthSettings {
+    pub mode: AuthMode,
+    #[serde(default)]
+    pub hs256_secret: Option<SecretString>,
+    #[serde(default)]
+    pub public_key_file: Option<std::path::PathBuf>,
+    #[serde(default)]
+    pub audience: Option<String>,
+    #[serde(default)]
+    pub issuer: Option<String>,
+    pub gateway_header: String,
+    pub trusted_proxies: Vec<std::net::IpAddr>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -136,6 +166,12 @@ pub struct DatabaseSettings {
     /// A COMMIT waiting this long for a synchronous standby stops intake (it is
     /// never cancelled: its order may already be on the standby).
     pub commit_stall_ms: u64,
+    /// A streaming replica for the reads that may be stale (seed §14.4): the
+    /// buyer's order history. Unset: every read goes to the primary.
+    #[serde(default)]
+    pub replica_url: Option<SecretString>,
+    /// The replica serves while its measured lag is at most this.
+    pub replica_max_lag_ms: u64,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -260,6 +296,31 @@ impl Settings {
                 "database.url",
                 format!("names {hosts} hosts but {ports} ports (give one port, or one per host)"),
             ));
+        }
+        if let Some(url) = &self.database.replica_url {
+            let replica: tokio_postgres::Config = url.expose_secret().parse().map_err(|e| {
+                invalid("database.replica_url", format!("not a PostgreSQL URL: {e}"))
+            })?;
+            if replica.get_hosts().is_empty() || replica.get_dbname().is_none() {
+                return Err(invalid(
+                    "database.replica_url",
+                    "must name a host and a database".into(),
+                ));
+            }
+        }
+        if self.database.replica_max_lag_ms > 3_600_000 {
+            return Err(invalid(
+                "database.replica_max_lag_ms",
+                "must be at most 3600000".into(),
+            ));
+        }
+        if let Some(secret) = &self.frontstage.auth.hs256_secret {
+            if secret.expose_secret().len() < MIN_HS256_SECRET_BYTES {
+                return Err(invalid(
+                    "frontstage.auth.hs256_secret",
+                    "must be at least 32 bytes (the value is not shown)".into(),
+                ));
+            }
         }
         if !(100..=600_000).contains(&self.database.commit_stall_ms) {
             return Err(invalid(

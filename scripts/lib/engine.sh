@@ -6,6 +6,13 @@
 
 engine_pids=()
 
+# The front stage verifies buyers' JWTs with this secret and the bench signs them
+# with it (`frontstage.auth`): a throwaway one per run unless one is given.
+if [[ -z ${SECKILL__FRONTSTAGE__AUTH__HS256_SECRET:-} ]]; then
+  SECKILL__FRONTSTAGE__AUTH__HS256_SECRET=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
+  export SECKILL__FRONTSTAGE__AUTH__HS256_SECRET
+fi
+
 # fresh_database: drop the engine's database and migrate it anew. Old rows slow
 # PostgreSQL down and would blur a comparison between runs. `scripts/services psql`
 # reads the database URL as the engine does (SECKILL__DATABASE__URL, else

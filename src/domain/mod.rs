@@ -3,6 +3,7 @@
 
 pub mod backoff;
 pub mod ids;
+pub mod lsn;
 pub mod message;
 pub mod outcome;
 pub mod payment;

@@ -2,21 +2,27 @@
 //! reserves a unit in Redis (the fast pre-filter) and queues the `order.create`
 //! message with publisher confirms; `GET /v1/reservations/{id}` and
 //! `GET /v1/orders/{id}` answer from PostgreSQL, the primary (never a replica,
-//! §14.4), so a client sees its own committed order at once.
+//! §14.4), so a client sees its own committed order at once; `GET /v1/me/orders`
+//! lists the buyer's orders from a replica while it is fresh enough. Every request
+//! speaks for the user its credentials name (`http::auth`), and sees only that
+//! user's reservations and orders: anyone else's are "not found".
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use actix_web::{web, App, HttpResponse, HttpServer};
+use actix_web::{web, App, HttpRequest, HttpResponse, HttpServer};
 use chrono::{TimeDelta, Utc};
 use serde::Deserialize;
 use serde_json::json;
 use uuid::Uuid;
 
+use super::auth::{unauthorized, Authenticator};
 use super::{HttpError, Running};
 use crate::config::{AmqpSettings, FrontstageSettings, Settings};
 use crate::domain::ids::{order_no, IdGenerator};
+use crate::domain::lsn::Lsn;
 use crate::domain::message::OrderCreateMessage;
 use crate::domain::shard::shard_for;
 use crate::mq::publisher::ConfirmedPublisher;
@@ -41,7 +47,23 @@ pub struct FrontStage {
     settings: FrontstageSettings,
     marker_ttl_secs: u64,
     skus: Mutex<HashMap<(i64, i64), Arc<Sku>>>,
+    auth: Authenticator,
+    replica: Option<Replica>,
+    replica_max_lag_ms: i64,
 }
+
+/// `database.replica_url` and how far it lags, as last measured (`watch_replica`).
+struct Replica {
+    pool: Pool,
+    /// Milliseconds; `i64::MAX` until measured, and while it cannot be.
+    lag_ms: AtomicI64,
+}
+
+/// Where a read was served, and the WAL position its answer reflects.
+const READ_SOURCE: &str = "X-Read-Source";
+const READ_LSN: &str = "X-Read-LSN";
+/// A position the client has already seen: no older answer may be given.
+const MIN_LSN: &str = "X-Min-LSN";
 
 /// What a reservation needs to know of its SKU; cached after the first request.
 type Sku = reads::SkuInfo;
@@ -49,9 +71,23 @@ type Sku = reads::SkuInfo;
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 struct ReserveRequest {
-    user_id: i64,
     request_id: Uuid,
+    /// Refused when present: the buyer is who the credentials say, and a client
+    /// still sending it should find out rather than be silently ignored.
+    #[serde(default)]
+    user_id: Option<serde_json::Value>,
 }
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct HistoryQuery {
+    limit: Option<i64>,
+    before: Option<i64>,
+}
+
+/// `GET /v1/me/orders?limit=`: at most this many, this many when not given.
+const HISTORY_MAX: i64 = 100;
+const HISTORY_DEFAULT: i64 = 20;
 
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route(
@@ -62,7 +98,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         "/v1/reservations/{reservation_id}",
         web::get().to(reservation),
     )
-    .route("/v1/orders/{order_id}", web::get().to(order));
+    .route("/v1/orders/{order_id}", web::get().to(order))
+    .route("/v1/me/orders", web::get().to(my_orders));
 }
 
 impl FrontStage {
@@ -71,6 +108,11 @@ impl FrontStage {
         pool: Pool,
         ids: std::sync::Arc<IdGenerator>,
     ) -> Result<Self, HttpError> {
+        let auth = Authenticator::new(&settings.frontstage.auth, &settings.http.addr)?;
+        let replica = crate::store::build_replica_pool(&settings.database)?.map(|pool| Replica {
+            pool,
+            lag_ms: AtomicI64::new(i64::MAX),
+        });
         let redis = crate::redis::connect(&settings.redis).await?;
         let amqp = crate::mq::connect(&settings.amqp, "seckill-frontstage").await?;
         let publisher = ConfirmedPublisher::open(&amqp).await?;
@@ -86,7 +128,36 @@ impl FrontStage {
             settings: settings.frontstage.clone(),
             marker_ttl_secs: settings.compensation.released_marker_ttl_secs,
             skus: Mutex::new(HashMap::new()),
+            auth,
+            replica,
+            replica_max_lag_ms: i64::try_from(settings.database.replica_max_lag_ms)
+                .unwrap_or(i64::MAX),
         })
+    }
+
+    /// Measures the replica's lag once: 0 when it has replayed the primary's
+    /// position read just before, else the age of its last replayed transaction.
+    async fn measure_replica(&self) {
+        let Some(replica) = &self.replica else { return };
+        let measured = async {
+            let primary = {
+                let conn = self.pool.get().await.ok()?;
+                reads::wal_position(&conn.client, false).await.ok()?
+            };
+            let conn = replica.pool.get().await.ok()?;
+            let replayed = reads::wal_position(&conn.client, true).await.ok()?;
+            if replayed >= primary {
+                return Some(0);
+            }
+            reads::replay_age_ms(&conn.client).await.ok().flatten()
+        };
+        let lag = measured.await.unwrap_or(i64::MAX);
+        replica.lag_ms.store(lag, Ordering::Relaxed);
+        metrics::gauge!(crate::telemetry::names::REPLICA_LAG_SECONDS).set(if lag == i64::MAX {
+            f64::INFINITY
+        } else {
+            lag as f64 / 1000.0
+        });
     }
 
     /// The confirm channel; reopened (on a new connection if need be) after the broker
@@ -160,16 +231,23 @@ fn accepted(answer: &str) -> HttpResponse {
 
 async fn reserve(
     front: web::Data<FrontStage>,
+    http: HttpRequest,
     path: web::Path<(i64, i64)>,
     body: web::Bytes,
 ) -> HttpResponse {
+    let user_id = match front.auth.user(&http) {
+        Ok(user) => user,
+        Err(e) => return unauthorized(&e),
+    };
     let (activity_id, sku_id) = path.into_inner();
     let req: ReserveRequest = match serde_json::from_slice(&body) {
         Ok(r) => r,
         Err(e) => return bad_request(e.to_string()),
     };
-    if req.user_id <= 0 {
-        return bad_request("user_id: must be positive".into());
+    if req.user_id.is_some() {
+        return bad_request(
+            "user_id: not accepted in the body; the buyer is the one the credentials name".into(),
+        );
     }
     let sku = match front.sku(activity_id, sku_id).await {
         Ok(Some(sku)) => sku,
@@ -196,7 +274,7 @@ async fn reserve(
         &mut redis,
         &keys,
         sku.buckets,
-        req.user_id,
+        user_id,
         req.request_id,
         reservation_id,
         (now + TimeDelta::milliseconds(ttl_ms)).timestamp_millis(),
@@ -231,7 +309,7 @@ async fn reserve(
         order_no,
         activity_id,
         sku_id,
-        user_id: req.user_id,
+        user_id,
         inventory_bucket: bucket,
         unit_price: sku.unit_price,
         currency: sku.currency.clone(),
@@ -248,11 +326,11 @@ async fn reserve(
             &keys,
             bucket,
             reservation_id,
-            req.user_id,
+            user_id,
             front.marker_ttl_secs,
         )
         .await;
-        let forgot = commands::forget_request(&mut redis, &keys, &req.request_id).await;
+        let forgot = commands::forget_request(&mut redis, &keys, user_id, &req.request_id).await;
         if given_back.is_err() || forgot.is_err() {
             tracing::error!(%reservation_id, "could not give a failed reservation back to Redis; reconciliation will");
         }
@@ -263,8 +341,7 @@ async fn reserve(
         &mut redis,
         &front.key_prefix,
         &reservation_id,
-        activity_id,
-        sku_id,
+        (activity_id, sku_id, user_id),
         ttl_ms.saturating_mul(2),
     )
     .await;
@@ -296,7 +373,36 @@ async fn publish(front: &FrontStage, msg: &OrderCreateMessage) -> Result<(), Str
     }
 }
 
-async fn reservation(front: web::Data<FrontStage>, path: web::Path<Uuid>) -> HttpResponse {
+/// The answer of a read on the primary: where from, and (when it could be read)
+/// the position it reflects, read after the answer so that a client passing it
+/// back as `X-Min-LSN` is never shown anything older.
+async fn from_primary(
+    front: &FrontStage,
+    mut answer: actix_web::HttpResponseBuilder,
+    body: serde_json::Value,
+) -> HttpResponse {
+    answer.insert_header((READ_SOURCE, "primary"));
+    if let Ok(conn) = front.pool.get().await {
+        if let Ok(position) = reads::wal_position(&conn.client, false).await {
+            answer.insert_header((READ_LSN, Lsn::from_offset(position).to_string()));
+        }
+    }
+    answer.json(body)
+}
+
+fn not_found() -> HttpResponse {
+    HttpResponse::NotFound().json(json!({"status": "NOT_FOUND"}))
+}
+
+async fn reservation(
+    front: web::Data<FrontStage>,
+    http: HttpRequest,
+    path: web::Path<Uuid>,
+) -> HttpResponse {
+    let user_id = match front.auth.user(&http) {
+        Ok(user) => user,
+        Err(e) => return unauthorized(&e),
+    };
     let reservation_id = path.into_inner();
     let Ok(conn) = front.pool.get().await else {
         return unavailable("database busy");
@@ -305,57 +411,167 @@ async fn reservation(front: web::Data<FrontStage>, path: web::Path<Uuid>) -> Htt
         Ok(found) => found,
         Err(_) => return unavailable("database unavailable"),
     };
+    drop(conn);
     if let Some(r) = found {
-        return HttpResponse::Ok().json(match r.status {
+        // Another user's reservation does not exist, as far as this one can tell.
+        if r.user_id != user_id {
+            return not_found();
+        }
+        let body = match r.status {
             10 => json!({
                 "reservation_id": reservation_id, "status": "ORDERED",
                 "order_id": r.order_id, "order_no": r.order_no,
                 "expire_at": r.expire_at,
             }),
-            20 => json!({"reservation_id": reservation_id, "status": "REJECTED", "reason": r.failure_code}),
-            40 => json!({"reservation_id": reservation_id, "status": "RELEASED", "order_id": r.order_id}),
+            20 => {
+                json!({"reservation_id": reservation_id, "status": "REJECTED", "reason": r.failure_code})
+            }
+            40 => {
+                json!({"reservation_id": reservation_id, "status": "RELEASED", "order_id": r.order_id})
+            }
             _ => json!({"reservation_id": reservation_id, "status": "PENDING"}),
-        });
+        };
+        return from_primary(&front, HttpResponse::Ok(), body).await;
     }
     let mut redis = front.redis.clone();
-    let queued = commands::is_queued(&mut redis, &front.key_prefix, &reservation_id)
+    let owner = commands::queued_owner(&mut redis, &front.key_prefix, &reservation_id)
         .await
-        .unwrap_or(false);
-    match queued {
-        true => {
+        .unwrap_or(None);
+    match owner {
+        Some(owner) if owner == user_id => {
             HttpResponse::Ok().json(json!({"reservation_id": reservation_id, "status": "QUEUED"}))
         }
-        false => HttpResponse::NotFound().json(json!({"status": "NOT_FOUND"})),
+        _ => not_found(),
     }
 }
 
-async fn order(front: web::Data<FrontStage>, path: web::Path<i64>) -> HttpResponse {
+fn order_json(o: &reads::OrderView) -> serde_json::Value {
+    let name = crate::domain::status::OrderStatus::from_code(o.status)
+        .map(|s| s.name())
+        .unwrap_or("UNKNOWN");
+    json!({
+        "order_id": o.order_id,
+        "order_no": o.order_no,
+        "status": screaming_snake(name),
+        "activity_id": o.activity_id,
+        "sku_id": o.sku_id,
+        "user_id": o.user_id,
+        "total_amount": o.total_amount,
+        "currency": o.currency,
+        "expire_at": o.expire_at,
+        "paid_at": o.paid_at,
+        "cancelled_at": o.cancelled_at,
+    })
+}
+
+async fn order(
+    front: web::Data<FrontStage>,
+    http: HttpRequest,
+    path: web::Path<i64>,
+) -> HttpResponse {
+    let user_id = match front.auth.user(&http) {
+        Ok(user) => user,
+        Err(e) => return unauthorized(&e),
+    };
     let order_id = path.into_inner();
     let Ok(conn) = front.pool.get().await else {
         return unavailable("database busy");
     };
-    match reads::load_order(&conn.client, order_id).await {
-        Ok(Some(o)) => {
-            let name = crate::domain::status::OrderStatus::from_code(o.status)
-                .map(|s| s.name())
-                .unwrap_or("UNKNOWN");
-            HttpResponse::Ok().json(json!({
-                "order_id": order_id,
-                "order_no": o.order_no,
-                "status": screaming_snake(name),
-                "activity_id": o.activity_id,
-                "sku_id": o.sku_id,
-                "user_id": o.user_id,
-                "total_amount": o.total_amount,
-                "currency": o.currency,
-                "expire_at": o.expire_at,
-                "paid_at": o.paid_at,
-                "cancelled_at": o.cancelled_at,
-            }))
+    let found = reads::load_order(&conn.client, order_id).await;
+    drop(conn);
+    match found {
+        Ok(Some(o)) if o.user_id == user_id => {
+            from_primary(&front, HttpResponse::Ok(), order_json(&o)).await
         }
-        Ok(None) => HttpResponse::NotFound().json(json!({"status": "NOT_FOUND"})),
+        // Not this user's (order ids are time-ordered, so they can be guessed).
+        Ok(_) => not_found(),
         Err(_) => unavailable("database unavailable"),
     }
+}
+
+/// `GET /v1/me/orders?limit=&before=`: the buyer's orders, newest first. Stale reads
+/// are allowed here (seed §14.4): a replica serves while its lag is within
+/// `database.replica_max_lag_ms` and it has replayed at least the client's
+/// `X-Min-LSN`; otherwise the primary does.
+async fn my_orders(
+    front: web::Data<FrontStage>,
+    http: HttpRequest,
+    query: web::Query<HistoryQuery>,
+) -> HttpResponse {
+    let user_id = match front.auth.user(&http) {
+        Ok(user) => user,
+        Err(e) => return unauthorized(&e),
+    };
+    let limit = query.limit.unwrap_or(HISTORY_DEFAULT);
+    if !(1..=HISTORY_MAX).contains(&limit) {
+        return bad_request(format!("limit: must be between 1 and {HISTORY_MAX}"));
+    }
+    let min = match http
+        .headers()
+        .get(MIN_LSN)
+        .map(|v| v.to_str().map(str::parse::<Lsn>))
+    {
+        None => None,
+        Some(Ok(Ok(lsn))) => Some(lsn),
+        Some(_) => return bad_request(format!("{MIN_LSN}: {}", crate::domain::lsn::BadLsn)),
+    };
+    if let Some(replica) = &front.replica {
+        if replica.lag_ms.load(Ordering::Relaxed) <= front.replica_max_lag_ms {
+            if let Some(answer) = replica_history(replica, user_id, query.before, limit, min).await
+            {
+                metrics::counter!(crate::telemetry::names::READS_TOTAL, "source" => "replica")
+                    .increment(1);
+                return answer;
+            }
+        }
+    }
+    let Ok(conn) = front.pool.get().await else {
+        return unavailable("database busy");
+    };
+    let orders = match reads::order_history(&conn.client, user_id, query.before, limit).await {
+        Ok(orders) => orders,
+        Err(_) => return unavailable("database unavailable"),
+    };
+    drop(conn);
+    metrics::counter!(crate::telemetry::names::READS_TOTAL, "source" => "primary").increment(1);
+    from_primary(&front, HttpResponse::Ok(), history_json(&orders, limit)).await
+}
+
+/// The history from the replica, if it has replayed at least `min`. The position
+/// checked against `min` is read before the list (a lower bound of what the list
+/// shows); the one reported is read after it (an upper bound).
+async fn replica_history(
+    replica: &Replica,
+    user_id: i64,
+    before: Option<i64>,
+    limit: i64,
+    min: Option<Lsn>,
+) -> Option<HttpResponse> {
+    let conn = replica.pool.get().await.ok()?;
+    let replayed = Lsn::from_offset(reads::wal_position(&conn.client, true).await.ok()?);
+    if min.is_some_and(|min| replayed < min) {
+        return None;
+    }
+    let orders = reads::order_history(&conn.client, user_id, before, limit)
+        .await
+        .ok()?;
+    let after = Lsn::from_offset(reads::wal_position(&conn.client, true).await.ok()?);
+    Some(
+        HttpResponse::Ok()
+            .insert_header((READ_SOURCE, "replica"))
+            .insert_header((READ_LSN, after.to_string()))
+            .json(history_json(&orders, limit)),
+    )
+}
+
+fn history_json(orders: &[reads::OrderView], limit: i64) -> serde_json::Value {
+    let next = (orders.len() as i64 == limit)
+        .then(|| orders.last().map(|o| o.order_id))
+        .flatten();
+    json!({
+        "orders": orders.iter().map(order_json).collect::<Vec<_>>(),
+        "next_before": next,
+    })
 }
 
 /// Starts the front stage. Its Redis and AMQP connections are opened here, on the
@@ -367,6 +583,9 @@ pub async fn start(
     ids: std::sync::Arc<IdGenerator>,
 ) -> Result<Running, HttpError> {
     let state = web::Data::new(FrontStage::connect(settings, pool, ids).await?);
+    if state.replica.is_some() {
+        watch_replica(Arc::downgrade(&state.clone().into_inner()));
+    }
     let workers = settings.frontstage.workers.max(1);
     let server = HttpServer::new(move || {
         App::new()
@@ -382,6 +601,21 @@ pub async fn start(
     let server = server.run();
     tracing::info!(%addr, "front stage listening");
     Ok(Running { server, addr })
+}
+
+/// How often the replica's lag is measured.
+const REPLICA_WATCH_INTERVAL: Duration = Duration::from_millis(250);
+
+/// Measures the replica's lag every `REPLICA_WATCH_INTERVAL` while the front stage
+/// lives, on the caller's arbiter.
+fn watch_replica(front: std::sync::Weak<FrontStage>) {
+    actix_rt::spawn(async move {
+        while let Some(front) = front.upgrade() {
+            front.measure_replica().await;
+            drop(front);
+            tokio::time::sleep(REPLICA_WATCH_INTERVAL).await;
+        }
+    });
 }
 
 /// `RefundPending` → `REFUND_PENDING`: the status names the API answers with.

@@ -2,6 +2,7 @@
 //! admin endpoints (liveness, readiness, metrics, operator API) on `admin.addr`.
 
 pub mod admin;
+pub mod auth;
 pub mod front;
 pub mod operations;
 
@@ -18,6 +19,10 @@ pub enum HttpError {
     Redis(#[from] ::redis::RedisError),
     #[error("RabbitMQ: {0}")]
     Mq(#[from] crate::mq::MqError),
+    #[error(transparent)]
+    Auth(#[from] auth::AuthConfigError),
+    #[error("PostgreSQL: {0}")]
+    Store(#[from] crate::store::StoreError),
 }
 
 pub(crate) fn bind_error(addr: &str, source: std::io::Error) -> HttpError {

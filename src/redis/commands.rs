@@ -82,10 +82,11 @@ pub async fn bucket_stock(
 pub async fn forget_request(
     conn: &mut MultiplexedConnection,
     keys: &SkuKeys,
+    user_id: i64,
     request_id: &uuid::Uuid,
 ) -> Result<(), RedisError> {
     let mut forget = ::redis::cmd("DEL");
-    forget.arg(keys.request(request_id));
+    forget.arg(keys.request(user_id, request_id));
     timed("del", forget.query_async(conn)).await
 }
 
@@ -95,26 +96,25 @@ pub async fn mark_queued(
     conn: &mut MultiplexedConnection,
     prefix: &str,
     reservation_id: &uuid::Uuid,
-    activity_id: i64,
-    sku_id: i64,
+    (activity_id, sku_id, user_id): (i64, i64, i64),
     ttl_ms: i64,
 ) -> Result<(), RedisError> {
     let mut mark = ::redis::cmd("SET");
     mark.arg(SkuKeys::queued(prefix, reservation_id))
-        .arg(format!("{activity_id}:{sku_id}"))
+        .arg(SkuKeys::queued_value(activity_id, sku_id, user_id))
         .arg("PX")
         .arg(ttl_ms);
     timed("set", mark.query_async(conn)).await
 }
 
-/// Whether a reservation's message was marked as queued.
-pub async fn is_queued(
+/// The user whose reservation's message was marked as queued; `None` if it was not.
+pub async fn queued_owner(
     conn: &mut MultiplexedConnection,
     prefix: &str,
     reservation_id: &uuid::Uuid,
-) -> Result<bool, RedisError> {
+) -> Result<Option<i64>, RedisError> {
     let mut lookup = ::redis::cmd("GET");
     lookup.arg(SkuKeys::queued(prefix, reservation_id));
     let queued: Option<String> = timed("get", lookup.query_async(conn)).await?;
-    Ok(queued.is_some())
+    Ok(queued.as_deref().and_then(SkuKeys::queued_owner))
 }

@@ -6,8 +6,8 @@
 //! `{prefix}:{activity:sku}:users`                  hash user_id → reservation_id (one per user)
 //! `{prefix}:{activity:sku}:released:{reservation}` the reservation's unit was given back
 //! `{prefix}:{activity:sku}:pending`                zset "reservation:user:bucket" by expiry (ms)
-//! `{prefix}:{activity:sku}:request:{request_id}`   the answer to a reservation request
-//! `{prefix}:queued:{reservation}`                  "activity:sku" once its message is queued
+//! `{prefix}:{activity:sku}:request:{user}:{request_id}`  the answer to a user's request
+//! `{prefix}:queued:{reservation}`                  "activity:sku:user" once its message is queued
 //!
 //! A pending member is `reservation:user:bucket`: built by `PendingMember::encode`
 //! here and by the reservation script (scripts.rs, the same format in Lua), read
@@ -41,8 +41,10 @@ impl SkuKeys {
         format!("{}:pending", self.base)
     }
 
-    pub fn request(&self, request_id: &uuid::Uuid) -> String {
-        format!("{}:request:{request_id}", self.base)
+    /// A request's answer is the user's own: the same request id from another user
+    /// is another request, and never replays this one's answer.
+    pub fn request(&self, user_id: i64, request_id: &uuid::Uuid) -> String {
+        format!("{}:request:{user_id}:{request_id}", self.base)
     }
 
     /// Member of the pending set for one reservation.
@@ -59,6 +61,21 @@ impl SkuKeys {
     /// the status query knows only the reservation id).
     pub fn queued(prefix: &str, reservation_id: &uuid::Uuid) -> String {
         format!("{prefix}:queued:{reservation_id}")
+    }
+
+    /// The value of the queued mark: `activity:sku:user`.
+    pub fn queued_value(activity_id: i64, sku_id: i64, user_id: i64) -> String {
+        format!("{activity_id}:{sku_id}:{user_id}")
+    }
+
+    /// The user of a queued mark's value; `None` for a value without one.
+    pub fn queued_owner(value: &str) -> Option<i64> {
+        let mut parts = value.split(':');
+        let (_activity, _sku, user) = (parts.next()?, parts.next()?, parts.next()?);
+        if parts.next().is_some() {
+            return None;
+        }
+        user.parse().ok()
     }
 
     pub fn released(&self, reservation_id: &uuid::Uuid) -> String {

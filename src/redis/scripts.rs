@@ -104,7 +104,7 @@ pub async fn reserve(
     let mut invocation = RESERVE.key(keys.users());
     invocation
         .key(keys.pending())
-        .key(keys.request(&request_id));
+        .key(keys.request(user_id, &request_id));
     for bucket in 0..buckets {
         invocation.key(keys.stock(bucket));
     }

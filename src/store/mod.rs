@@ -552,6 +552,47 @@ pub fn build_pool_on(
     // and is no connection at all when it names one (libpq's
     // target_session_attrs=read-write, whatever the URL says).
     config.target_session_attrs(tokio_postgres::config::TargetSessionAttrs::ReadWrite);
+    Ok(pool_of(
+        config,
+        settings.pool_size,
+        settings.acquire_timeout(),
+        runtimes,
+    ))
+}
+
+/// A small pool on `database.replica_url` for the reads that may be stale (seed
+/// §14.4), opened on the current runtime; `None` when no replica is configured.
+pub fn build_replica_pool(settings: &DatabaseSettings) -> Result<Option<Pool>, StoreError> {
+    let Some(url) = &settings.replica_url else {
+        return Ok(None);
+    };
+    let runtime = tokio::runtime::Handle::try_current()
+        .map_err(|e| StoreError::NotOpened(format!("building the replica pool: {e}")))?;
+    let mut config: tokio_postgres::Config = url
+        .expose_secret()
+        .parse()
+        .map_err(|e| StoreError::Url(format!("{e}")))?;
+    config
+        .connect_timeout(settings.connect_timeout())
+        .application_name("seckill-engine-replica-reads")
+        .options("-c search_path=seckill,public -c default_transaction_read_only=on");
+    Ok(Some(pool_of(
+        config,
+        REPLICA_POOL_SIZE,
+        settings.acquire_timeout(),
+        vec![runtime],
+    )))
+}
+
+/// History reads are short; a few connections serve many.
+const REPLICA_POOL_SIZE: u32 = 4;
+
+fn pool_of(
+    config: tokio_postgres::Config,
+    size: u32,
+    acquire_timeout: Duration,
+    runtimes: Vec<tokio::runtime::Handle>,
+) -> Pool {
     let connect_error = Arc::default();
     let manager = PgManager {
         inner: PostgresConnectionManager::new(config.clone(), NoTls),
@@ -561,17 +602,17 @@ pub fn build_pool_on(
         connect_error: Arc::clone(&connect_error),
     };
     let inner = bb8::Pool::builder()
-        .max_size(settings.pool_size)
-        .connection_timeout(settings.acquire_timeout())
+        .max_size(size)
+        .connection_timeout(acquire_timeout)
         .idle_timeout(Some(Duration::from_secs(300)))
         .build_unchecked(manager);
-    Ok(Pool {
+    Pool {
         inner,
-        queue: Arc::new(Semaphore::new(settings.pool_size as usize)),
-        acquire_timeout: settings.acquire_timeout(),
+        queue: Arc::new(Semaphore::new(size as usize)),
+        acquire_timeout,
         counts: Arc::default(),
         connect_error,
-    })
+    }
 }
 
 /// A duration as whole milliseconds, for `$n::bigint * interval '1 millisecond'`.

@@ -1,5 +1,7 @@
-//! The front stage's reads: what a reservation needs to know of its SKU, and the
-//! status of a reservation or an order. Plain reads, no transaction.
+//! The front stage's reads: what a reservation needs to know of its SKU, the status
+//! of a reservation or an order (always on the primary), a buyer's order history
+//! (on a replica when one is fresh enough, seed §14.4), and the WAL position each
+//! answer reflects (`X-Read-LSN`).
 
 use chrono::{DateTime, Utc};
 use tokio_postgres::Client;
@@ -37,6 +39,7 @@ pub async fn load_sku(
 /// A reservation PostgreSQL has seen, with its order if it has one.
 #[derive(Debug, Clone)]
 pub struct ReservationView {
+    pub user_id: i64,
     pub status: i16,
     pub failure_code: Option<String>,
     pub order_id: Option<i64>,
@@ -57,12 +60,14 @@ pub async fn load_reservation(
             order_id: row.get(2),
             order_no: row.get(3),
             expire_at: row.get(4),
+            user_id: row.get(5),
         }))
 }
 
 /// An order as its buyer sees it.
 #[derive(Debug, Clone)]
 pub struct OrderView {
+    pub order_id: i64,
     pub order_no: String,
     pub status: i16,
     pub activity_id: i64,
@@ -82,18 +87,55 @@ pub async fn load_order(
     Ok(client
         .query_opt(LOAD_ORDER, &[&order_id])
         .await?
-        .map(|row| OrderView {
-            order_no: row.get(0),
-            status: row.get(1),
-            activity_id: row.get(2),
-            sku_id: row.get(3),
-            user_id: row.get(4),
-            total_amount: row.get(5),
-            currency: row.get(6),
-            expire_at: row.get(7),
-            paid_at: row.get(8),
-            cancelled_at: row.get(9),
-        }))
+        .map(|row| order_view(&row)))
+}
+
+fn order_view(row: &tokio_postgres::Row) -> OrderView {
+    OrderView {
+        order_id: row.get(10),
+        order_no: row.get(0),
+        status: row.get(1),
+        activity_id: row.get(2),
+        sku_id: row.get(3),
+        user_id: row.get(4),
+        total_amount: row.get(5),
+        currency: row.get(6),
+        expire_at: row.get(7),
+        paid_at: row.get(8),
+        cancelled_at: row.get(9),
+    }
+}
+
+/// A buyer's orders, newest first, at most `limit`, older than `before` if given.
+pub async fn order_history(
+    client: &Client,
+    user_id: i64,
+    before: Option<i64>,
+    limit: i64,
+) -> Result<Vec<OrderView>, tokio_postgres::Error> {
+    Ok(client
+        .query(ORDER_HISTORY, &[&user_id, &before, &limit])
+        .await?
+        .iter()
+        .map(order_view)
+        .collect())
+}
+
+/// Where a server stands in the WAL, as a number (`pg_lsn` minus `0/0`): the
+/// primary's current position, or how far a replica has replayed.
+pub async fn wal_position(client: &Client, replica: bool) -> Result<i64, tokio_postgres::Error> {
+    let sql = if replica {
+        REPLAYED_POSITION
+    } else {
+        CURRENT_POSITION
+    };
+    Ok(client.query_one(sql, &[]).await?.get(0))
+}
+
+/// The age of the last transaction a replica replayed, in milliseconds; `None`
+/// when it has replayed none since it started.
+pub async fn replay_age_ms(client: &Client) -> Result<Option<i64>, tokio_postgres::Error> {
+    Ok(client.query_one(REPLAY_AGE, &[]).await?.get(0))
 }
 
 const LOAD_SKU: &str = "
@@ -104,12 +146,28 @@ JOIN seckill_activity AS a ON a.activity_id = s.activity_id
 WHERE s.activity_id = $1 AND s.sku_id = $2";
 
 const LOAD_RESERVATION: &str = "
-SELECT r.status, r.failure_code, r.order_id, o.order_no, o.expire_at
+SELECT r.status, r.failure_code, r.order_id, o.order_no, o.expire_at, r.user_id
 FROM inventory_reservation AS r
 LEFT JOIN orders AS o ON o.order_id = r.order_id
 WHERE r.reservation_id = $1";
 
 const LOAD_ORDER: &str = "
 SELECT order_no, status, activity_id, sku_id, user_id, total_amount, currency, expire_at,
-       paid_at, cancelled_at
+       paid_at, cancelled_at, order_id
 FROM orders WHERE order_id = $1";
+
+/// A buyer has an order or two per sale (one per SKU): `idx_orders_user_created`
+/// finds them, and the sort is of those few.
+const ORDER_HISTORY: &str = "
+SELECT order_no, status, activity_id, sku_id, user_id, total_amount, currency, expire_at,
+       paid_at, cancelled_at, order_id
+FROM orders
+WHERE user_id = $1 AND ($2::bigint IS NULL OR order_id < $2)
+ORDER BY order_id DESC
+LIMIT $3";
+
+const CURRENT_POSITION: &str = "SELECT (pg_current_wal_lsn() - '0/0'::pg_lsn)::bigint";
+const REPLAYED_POSITION: &str =
+    "SELECT coalesce((pg_last_wal_replay_lsn() - '0/0'::pg_lsn)::bigint, 0)";
+const REPLAY_AGE: &str = "
+SELECT (extract(epoch FROM clock_timestamp() - pg_last_xact_replay_timestamp()) * 1000)::bigint";

@@ -123,8 +123,12 @@ pub const OUTBOX_PUBLISHED_TOTAL: &str = "seckill_outbox_published_total";
 pub const PAYMENTS_TOTAL: &str = "seckill_payments_total";
 /// 1 while the engine is ready to take work, else 0.
 pub const READY: &str = "seckill_ready";
+/// Reads of the buyer's order history, by `source` (`replica` or `primary`).
+pub const READS_TOTAL: &str = "seckill_reads_total";
 /// Redis units the reconciler gave back for reservations that never reached the engine.
 pub const RECONCILER_GIVEN_BACK_TOTAL: &str = "seckill_reconciler_given_back_total";
+/// How far database.replica_url lags: 0 once it has replayed the primary's position, else the age of its last replayed transaction.
+pub const REPLICA_LAG_SECONDS: &str = "seckill_replica_lag_seconds";
 /// Duration of a Redis command or script, by `command`.
 pub const REDIS_COMMAND_DURATION_SECONDS: &str = "seckill_redis_command_duration_seconds";
 /// Redis commands that failed, by `command`.
@@ -187,6 +191,8 @@ pub const CATALOGUE: &[Metric] = &[
     Metric { name: OUTBOX_PUBLISHED_TOTAL, kind: Kind::Counter, help: "Outbox events published and confirmed." },
     Metric { name: PAYMENTS_TOTAL, kind: Kind::Counter, help: "Payment callbacks settled, by `result`." },
     Metric { name: READY, kind: Kind::Gauge, help: "1 while the engine is ready to take work, else 0." },
+    Metric { name: READS_TOTAL, kind: Kind::Counter, help: "Reads of the buyer's order history, by `source` (`replica` or `primary`)." },
+    Metric { name: REPLICA_LAG_SECONDS, kind: Kind::Gauge, help: "How far database.replica_url lags: 0 once it has replayed the primary's position, else the age of its last replayed transaction." },
     Metric { name: RECONCILER_GIVEN_BACK_TOTAL, kind: Kind::Counter, help: "Redis units the reconciler gave back for reservations that never reached the engine." },
     Metric { name: REDIS_COMMAND_DURATION_SECONDS, kind: Kind::Histogram, help: "Duration of a Redis command or script, by `command`." },
     Metric { name: REDIS_ERRORS_TOTAL, kind: Kind::Counter, help: "Redis commands that failed, by `command`." },

@@ -161,6 +161,11 @@ impl TestEnv {
             .merge(Serialized::default("redis.key_prefix", &namespace))
             // Tests want retries to come back quickly.
             .merge(Serialized::default("amqp.retry_delay_ms", 200))
+            // The front stage's buyers sign in with tokens signed by this (`token`).
+            .merge(Serialized::default(
+                "frontstage.auth.hs256_secret",
+                TEST_JWT_SECRET,
+            ))
             // Any free port: tests run in parallel.
             .merge(Serialized::default("http.addr", "127.0.0.1:0"))
             .merge(Serialized::default("admin.addr", "127.0.0.1:0"));
@@ -313,6 +318,15 @@ async fn cleanup(db_name: String, names: Names, settings: Settings, queues: Vec<
             let _: Result<(), _> = ::redis::cmd("DEL").arg(&keys).query_async(&mut redis).await;
         }
     }
+}
+
+/// The tests' `frontstage.auth.hs256_secret`.
+pub const TEST_JWT_SECRET: &str = "a-test-secret-that-is-long-enough-for-hs256";
+
+/// A bearer token for `user`, valid for an hour, signed with `secret`.
+pub fn token(secret: &secrecy::SecretString, user: i64) -> String {
+    seckill_engine::http::auth::issue_hs256(secret, user, Duration::from_secs(3600))
+        .expect("sign a test token")
 }
 
 /// Polls `condition` until it holds or `timeout` passes; returns whether it held.

@@ -17,7 +17,7 @@ use uuid::Uuid;
 
 use crate::common::builders;
 use crate::common::engine::EngineHandle;
-use crate::common::{assert_invariants, count, redis_stocks, wait_until, TestEnv};
+use crate::common::{assert_invariants, count, redis_stocks, token, wait_until, TestEnv};
 
 #[tokio::test]
 async fn the_reserve_script_sells_exactly_the_stock_to_distinct_users() {
@@ -131,24 +131,47 @@ async fn an_empty_bucket_never_reads_as_sold_out_while_another_has_stock() {
     env.cleanup().await;
 }
 
-/// An HTTP client for the front stage under test.
+/// An HTTP client for the front stage under test; each request speaks for the user
+/// whose token it presents (`None`: no token).
 struct Front {
     client: awc::Client,
     base: String,
+    secret: secrecy::SecretString,
 }
 
 impl Front {
-    fn new(addr: std::net::SocketAddr) -> Self {
+    fn new(addr: std::net::SocketAddr, settings: &seckill_engine::config::Settings) -> Self {
         Self {
             client: awc::Client::default(),
             base: format!("http://{addr}"),
+            secret: settings
+                .frontstage
+                .auth
+                .hs256_secret
+                .clone()
+                .expect("the tests' settings carry a JWT secret"),
         }
     }
 
-    async fn post(&self, path: &str, body: &str) -> (u16, Value) {
+    fn request(
+        &self,
+        method: awc::http::Method,
+        path: &str,
+        user: Option<i64>,
+    ) -> awc::ClientRequest {
+        let mut req = self.client.request(method, format!("{}{path}", self.base));
+        if let Some(user) = user {
+            req = req.insert_header((
+                "authorization",
+                format!("Bearer {}", token(&self.secret, user)),
+            ));
+        }
+        req
+    }
+
+    async fn post(&self, path: &str, body: &str, user: Option<i64>) -> (u16, Value) {
         let mut res = self
-            .client
-            .post(format!("{}{path}", self.base))
+            .request(awc::http::Method::POST, path, user)
             .insert_header(("content-type", "application/json"))
             .send_body(body.to_owned())
             .await
@@ -160,10 +183,9 @@ impl Front {
         )
     }
 
-    async fn get(&self, path: &str) -> (u16, Value) {
+    async fn get(&self, path: &str, user: Option<i64>) -> (u16, Value) {
         let mut res = self
-            .client
-            .get(format!("{}{path}", self.base))
+            .request(awc::http::Method::GET, path, user)
             .send()
             .await
             .unwrap();
@@ -174,11 +196,11 @@ impl Front {
         )
     }
 
-    /// Waits (60 s at most) until the reservation reads `status`.
-    async fn reaches(&self, reservation: &str, status: &str) -> bool {
+    /// Waits (60 s at most) until `user`'s reservation reads `status`.
+    async fn reaches(&self, reservation: &str, status: &str, user: i64) -> bool {
         let path = format!("/v1/reservations/{reservation}");
         wait_until(Duration::from_secs(60), || async {
-            self.get(&path).await.1["status"] == status
+            self.get(&path, Some(user)).await.1["status"] == status
         })
         .await
     }
@@ -186,7 +208,8 @@ impl Front {
     async fn reserve(&self, activity: i64, user: i64, request: Uuid) -> (u16, Value) {
         self.post(
             &format!("/v1/activities/{activity}/skus/1/reservations"),
-            &json!({"user_id": user, "request_id": request}).to_string(),
+            &json!({"request_id": request}).to_string(),
+            Some(user),
         )
         .await
     }
@@ -211,7 +234,7 @@ async fn the_http_front_stage_queues_orders_and_reports_every_state() {
         .unwrap();
     let handle = running.server.handle();
     actix_rt::spawn(running.server);
-    let front = Front::new(running.addr);
+    let front = Front::new(running.addr, &env.settings);
 
     let request = Uuid::now_v7();
     let (status, first) = front.reserve(53, 1, request).await;
@@ -231,7 +254,11 @@ async fn the_http_front_stage_queues_orders_and_reports_every_state() {
     let (status, sold) = front.reserve(53, 4, Uuid::now_v7()).await;
     assert_eq!((status, sold["status"].as_str()), (409, Some("SOLD_OUT")));
     let (status, bad) = front
-        .post("/v1/activities/53/skus/1/reservations", r#"{"user_id": 5}"#)
+        .post(
+            "/v1/activities/53/skus/1/reservations",
+            r#"{"user_id": 5}"#,
+            Some(5),
+        )
         .await;
     assert_eq!(status, 400);
     assert!(
@@ -242,12 +269,14 @@ async fn the_http_front_stage_queues_orders_and_reports_every_state() {
     assert_eq!(status, 404);
 
     let reservation = first["reservation_id"].as_str().unwrap().to_owned();
-    assert!(front.reaches(&reservation, "ORDERED").await);
-    let (_, ordered) = front.get(&format!("/v1/reservations/{reservation}")).await;
+    assert!(front.reaches(&reservation, "ORDERED", 1).await);
+    let (_, ordered) = front
+        .get(&format!("/v1/reservations/{reservation}"), Some(1))
+        .await;
     assert_eq!(ordered["order_id"], first["order_id"]);
     assert_eq!(ordered["order_no"], first["order_no"]);
     let (status, order) = front
-        .get(&format!("/v1/orders/{}", first["order_id"]))
+        .get(&format!("/v1/orders/{}", first["order_id"]), Some(1))
         .await;
     assert_eq!((status, order["status"].as_str()), (200, Some("CREATED")));
     assert_ne!(
@@ -257,11 +286,13 @@ async fn the_http_front_stage_queues_orders_and_reports_every_state() {
     );
 
     let rejected = third["reservation_id"].as_str().unwrap().to_owned();
-    assert!(front.reaches(&rejected, "REJECTED").await);
-    let (_, r) = front.get(&format!("/v1/reservations/{rejected}")).await;
+    assert!(front.reaches(&rejected, "REJECTED", 3).await);
+    let (_, r) = front
+        .get(&format!("/v1/reservations/{rejected}"), Some(3))
+        .await;
     assert_eq!(r["reason"], "POSTGRES_SOLD_OUT");
     let (status, _) = front
-        .get(&format!("/v1/reservations/{}", Uuid::now_v7()))
+        .get(&format!("/v1/reservations/{}", Uuid::now_v7()), Some(1))
         .await;
     assert_eq!(status, 404);
 
@@ -272,15 +303,127 @@ async fn the_http_front_stage_queues_orders_and_reports_every_state() {
     )
     .await
     .unwrap();
-    assert!(front.reaches(&reservation, "RELEASED").await);
+    assert!(front.reaches(&reservation, "RELEASED", 1).await);
     let (_, order) = front
-        .get(&format!("/v1/orders/{}", first["order_id"]))
+        .get(&format!("/v1/orders/{}", first["order_id"]), Some(1))
         .await;
     assert_eq!(order["status"], "CANCELLED");
 
     handle.stop(true).await;
     engine.stop().await;
     assert_invariants(&db).await;
+    env.cleanup().await;
+}
+
+/// Identity comes from a verified token, never the body; a buyer sees only their
+/// own reservations and orders (anyone else's are "not found"), and a request id
+/// replays its answer only to the user who sent it.
+#[actix_rt::test]
+async fn each_buyer_is_who_the_token_says_and_sees_only_their_own() {
+    let env = TestEnv::new().await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 56, 1, 5, 1).await;
+    let keys = SkuKeys::new(&env.settings.redis.key_prefix, 56, 1);
+    let mut redis = env.redis().await;
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[5])
+        .await
+        .unwrap();
+    let engine = EngineHandle::start(&env.settings).await;
+    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
+    let running = seckill_engine::http::front::start(&env.settings, pool, engine.ids.clone())
+        .await
+        .unwrap();
+    let handle = running.server.handle();
+    actix_rt::spawn(running.server);
+    let front = Front::new(running.addr, &env.settings);
+    let path = "/v1/activities/56/skus/1/reservations";
+    let body = json!({"request_id": Uuid::now_v7()}).to_string();
+
+    // No token, a token signed with another secret, an expired one: 401 with a
+    // Bearer challenge, and nothing reserved.
+    let expired = {
+        #[derive(serde::Serialize)]
+        struct Claims {
+            sub: String,
+            exp: i64,
+        }
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::default(),
+            &Claims {
+                sub: "9".into(),
+                exp: Utc::now().timestamp() - 600,
+            },
+            &jsonwebtoken::EncodingKey::from_secret(crate::common::TEST_JWT_SECRET.as_bytes()),
+        )
+        .unwrap()
+    };
+    let forged = token(
+        &"another-secret-that-is-also-long-enough!".to_owned().into(),
+        9,
+    );
+    for bearer in [
+        None,
+        Some(forged),
+        Some(expired),
+        Some("not-a-jwt".to_owned()),
+    ] {
+        let mut req = front
+            .client
+            .post(format!("{}{path}", front.base))
+            .insert_header(("content-type", "application/json"));
+        if let Some(bearer) = &bearer {
+            req = req.insert_header(("authorization", format!("Bearer {bearer}")));
+        }
+        let mut res = req.send_body(body.clone()).await.unwrap();
+        assert_eq!(res.status().as_u16(), 401, "{bearer:?}");
+        let challenge = res.headers().get("www-authenticate").unwrap();
+        assert!(challenge.to_str().unwrap().starts_with("Bearer"));
+        let answer: Value = serde_json::from_slice(&res.body().await.unwrap()).unwrap();
+        assert_eq!(answer["status"], "UNAUTHORIZED", "{answer}");
+    }
+    assert_eq!(redis_stocks(&mut redis, &keys, 1).await, vec![5]);
+
+    // A user_id in the body is refused, so a client still sending it finds out.
+    let (status, refused) = front
+        .post(
+            path,
+            &json!({"request_id": Uuid::now_v7(), "user_id": 2}).to_string(),
+            Some(1),
+        )
+        .await;
+    assert_eq!(status, 400);
+    assert!(
+        refused["error"].as_str().unwrap().contains("user_id"),
+        "{refused}"
+    );
+
+    // One request id from two users: two requests, not a replay of the first.
+    let request = Uuid::now_v7();
+    let (status, mine) = front.reserve(56, 1, request).await;
+    assert_eq!(status, 202, "{mine}");
+    let (status, theirs) = front.reserve(56, 2, request).await;
+    assert_eq!(status, 202, "{theirs}");
+    assert_ne!(mine["reservation_id"], theirs["reservation_id"]);
+    assert_eq!(
+        front.reserve(56, 1, request).await.1,
+        mine,
+        "the same user's replay"
+    );
+
+    let reservation = mine["reservation_id"].as_str().unwrap().to_owned();
+    let reservation_path = format!("/v1/reservations/{reservation}");
+    // Queued (Redis) and then ordered (PostgreSQL): only its buyer sees it.
+    assert_eq!(front.get(&reservation_path, Some(2)).await.0, 404);
+    assert!(front.reaches(&reservation, "ORDERED", 1).await);
+    assert_eq!(front.get(&reservation_path, Some(2)).await.0, 404);
+    assert_eq!(front.get(&reservation_path, None).await.0, 401);
+    let order_path = format!("/v1/orders/{}", mine["order_id"]);
+    let (status, order) = front.get(&order_path, Some(1)).await;
+    assert_eq!((status, order["user_id"].as_i64()), (200, Some(1)));
+    assert_eq!(front.get(&order_path, Some(2)).await.0, 404);
+
+    handle.stop(true).await;
+    engine.stop().await;
     env.cleanup().await;
 }
 
@@ -311,7 +454,7 @@ async fn a_failed_publish_gives_the_reservation_back_and_answers_503() {
         .unwrap();
     let handle = running.server.handle();
     actix_rt::spawn(running.server);
-    let front = Front::new(running.addr);
+    let front = Front::new(running.addr, &env.settings);
 
     let (status, body) = front.reserve(54, 7, Uuid::now_v7()).await;
     assert_eq!(status, 503, "{body}");
@@ -350,11 +493,11 @@ async fn a_failed_publish_gives_the_reservation_back_and_answers_503() {
         "/v1/reservations/{}",
         body["reservation_id"].as_str().unwrap()
     );
-    assert_eq!(front.get(&path).await.1["status"], "QUEUED");
+    assert_eq!(front.get(&path, Some(7)).await.1["status"], "QUEUED");
     let engine = EngineHandle::start(&env.settings).await;
     assert!(
         front
-            .reaches(body["reservation_id"].as_str().unwrap(), "ORDERED")
+            .reaches(body["reservation_id"].as_str().unwrap(), "ORDERED", 7)
             .await
     );
     handle.stop(true).await;

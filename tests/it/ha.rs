@@ -530,3 +530,130 @@ async fn a_restore_to_a_noted_time_holds_what_was_committed_before_it() {
     assert!(drill.contains("drill:    passed"), "{drill}");
     env.cleanup().await;
 }
+
+/// A GET on the front stage as `user`: status, `X-Read-Source`, `X-Read-LSN`, body.
+async fn read_as(
+    addr: std::net::SocketAddr,
+    path: &str,
+    user: i64,
+    min_lsn: Option<&str>,
+) -> (u16, String, String, serde_json::Value) {
+    let secret: secrecy::SecretString = crate::common::TEST_JWT_SECRET.to_owned().into();
+    let mut req = awc::Client::default()
+        .get(format!("http://{addr}{path}"))
+        .insert_header((
+            "authorization",
+            format!("Bearer {}", crate::common::token(&secret, user)),
+        ));
+    if let Some(min) = min_lsn {
+        req = req.insert_header(("x-min-lsn", min.to_owned()));
+    }
+    let mut res = req.send().await.expect("front stage answers");
+    let header = |name: &str| {
+        res.headers()
+            .get(name)
+            .and_then(|v| v.to_str().ok())
+            .unwrap_or("")
+            .to_owned()
+    };
+    let (source, lsn) = (header("x-read-source"), header("x-read-lsn"));
+    let body = serde_json::from_slice(&res.body().await.expect("body")).unwrap_or_default();
+    (res.status().as_u16(), source, lsn, body)
+}
+
+/// Seed §14.4 and seed 003: the order history may be stale, so it reads a replica
+/// while the replica keeps up; with replay paused it falls back to the primary once
+/// the lag passes `database.replica_max_lag_ms`, and a client that passes back the
+/// position of an answer (`X-Min-LSN`) never gets an older one.
+#[actix_rt::test]
+async fn history_reads_use_a_fresh_replica_and_never_go_back_in_time() {
+    let cluster = HaCluster::start(true).await;
+    let replica_url = format!("postgres://postgres@127.0.0.1:{}/seckill", cluster.ports[1]);
+    let env = ha_env(&cluster, |f| {
+        f.merge(Serialized::default(
+            "database.replica_url",
+            replica_url.clone(),
+        ))
+        .merge(Serialized::default("database.replica_max_lag_ms", 1000))
+    })
+    .await;
+    let mut db = primary_client(&env).await.expect("primary");
+    builders::activity(&mut db, 6, 1, 10, 1).await;
+    builders::activity(&mut db, 7, 1, 10, 1).await;
+    let engine = EngineHandle::start(&env.settings).await;
+    let pool = store::build_pool(&env.settings.database).expect("pool");
+    let running = seckill_engine::http::front::start(&env.settings, pool, engine.ids.clone())
+        .await
+        .expect("front stage");
+    let handle = running.server.handle();
+    actix_rt::spawn(running.server);
+    let addr = running.addr;
+    let amqp = env.amqp().await;
+
+    let first = order(6, 1, 1, 0);
+    builders::publish(&env, &amqp, std::slice::from_ref(&first)).await;
+    assert_eq!(wait_inbox(&env, 1, settle()).await, 1);
+    let on_replica = wait_until(Duration::from_secs(20), || async {
+        let (status, source, _, body) = read_as(addr, "/v1/me/orders", 1, None).await;
+        status == 200 && source == "replica" && body["orders"].as_array().map(Vec::len) == Some(1)
+    })
+    .await;
+    assert!(on_replica, "the history never came from the replica");
+    // Only the buyer's own orders.
+    let (_, _, _, other) = read_as(addr, "/v1/me/orders", 2, None).await;
+    assert_eq!(other["orders"].as_array().map(Vec::len), Some(0), "{other}");
+
+    let replica = store::connect(&replica_url.parse().expect("url"))
+        .await
+        .expect("replica");
+    replica
+        .batch_execute("SELECT pg_wal_replay_pause()")
+        .await
+        .expect("pause replay");
+    let second = order(7, 1, 1, 0);
+    builders::publish(&env, &amqp, std::slice::from_ref(&second)).await;
+    assert_eq!(wait_inbox(&env, 2, settle()).await, 2);
+
+    // The new order's status comes from the primary, with its position.
+    let (status, source, seen, _) =
+        read_as(addr, &format!("/v1/orders/{}", second.order_id), 1, None).await;
+    assert_eq!((status, source.as_str()), (200, "primary"));
+    assert!(!seen.is_empty(), "no X-Read-LSN");
+    // Passing that position back: never an answer older than it.
+    let (status, source, lsn, body) = read_as(addr, "/v1/me/orders", 1, Some(&seen)).await;
+    assert_eq!((status, source.as_str()), (200, "primary"), "{body}");
+    assert_eq!(body["orders"].as_array().map(Vec::len), Some(2), "{body}");
+    assert!(
+        lsn.parse::<seckill_engine::domain::lsn::Lsn>()
+            .expect("an LSN")
+            >= seen.parse().expect("an LSN")
+    );
+    // Without a position, the replica may answer while its lag is small; past the
+    // threshold the primary does.
+    let fell_back = wait_until(Duration::from_secs(20), || async {
+        let (_, source, _, body) = read_as(addr, "/v1/me/orders", 1, None).await;
+        source == "primary" && body["orders"].as_array().map(Vec::len) == Some(2)
+    })
+    .await;
+    assert!(
+        fell_back,
+        "a replica lagging past the threshold still answered"
+    );
+
+    replica
+        .batch_execute("SELECT pg_wal_replay_resume()")
+        .await
+        .expect("resume replay");
+    let caught_up = wait_until(Duration::from_secs(20), || async {
+        let (_, source, _, body) = read_as(addr, "/v1/me/orders", 1, Some(&seen)).await;
+        source == "replica" && body["orders"].as_array().map(Vec::len) == Some(2)
+    })
+    .await;
+    assert!(
+        caught_up,
+        "the replica did not serve again once it caught up"
+    );
+    handle.stop(true).await;
+    engine.stop().await;
+    env.cleanup().await;
+}

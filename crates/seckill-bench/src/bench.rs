@@ -620,6 +620,10 @@ async fn drive_http(
         .unwrap_or_else(|| format!("http://{}", settings.http.addr));
     let url = format!("{base}/v1/activities/{activity_id}/skus/1/reservations");
     let users = buyer_sequence(args);
+    // Each buyer presents a token for itself, as a logged-in buyer would.
+    let secret = settings.frontstage.auth.hs256_secret.clone().context(
+        "--mode http needs frontstage.auth.hs256_secret (SECKILL__FRONTSTAGE__AUTH__HS256_SECRET), the engine's, to sign the buyers' tokens",
+    )?;
     let bar = ProgressBar::new(users.len() as u64);
     bar.set_style(bar_style("buyers"));
     let client = awc::Client::builder()
@@ -628,10 +632,25 @@ async fn drive_http(
         .finish();
     let statuses: Vec<String> = stream::iter(users)
         .map(|user| {
-            let (client, url, bar) = (&client, &url, &bar);
+            let (client, url, bar, secret) = (&client, &url, &bar, &secret);
             async move {
-                let body = serde_json::json!({"user_id": user, "request_id": Uuid::now_v7()});
-                let label = match client.post(url.as_str()).send_json(&body).await {
+                let body = serde_json::json!({"request_id": Uuid::now_v7()});
+                let token = seckill_engine::http::auth::issue_hs256(
+                    secret,
+                    user,
+                    Duration::from_secs(3600),
+                );
+                let request = match token {
+                    Ok(token) => client
+                        .post(url.as_str())
+                        .insert_header(("Authorization", format!("Bearer {token}")))
+                        .send_json(&body),
+                    Err(e) => {
+                        bar.inc(1);
+                        return format!("error signing a token: {e}");
+                    }
+                };
+                let label = match request.await {
                     Ok(mut res) => {
                         let status = res.status().as_u16();
                         let json: serde_json::Value =

@@ -41,6 +41,11 @@ fn env_of<'a>(cmd: &'a mut Command, env: &crate::common::TestEnv) -> &'a mut Com
     .env("SECKILL__REDIS__KEY_PREFIX", &env.settings.redis.key_prefix)
     .env("SECKILL__HTTP__ADDR", "127.0.0.1:0")
     .env("SECKILL__ADMIN__ADDR", "127.0.0.1:0")
+    // The engine's JWT secret: the bench signs each buyer's token with it.
+    .env(
+        "SECKILL__FRONTSTAGE__AUTH__HS256_SECRET",
+        crate::common::TEST_JWT_SECRET,
+    )
     .env(
         "SECKILL__AMQP__RETRY_DELAY_MS",
         env.settings.amqp.retry_delay_ms.to_string(),

@@ -482,6 +482,12 @@ fn engine_env(settings: &Settings) -> Vec<(String, String)> {
         // No engine.node_id: each engine leases one, as a restarted instance does in
         // production (a killed engine's id stays leased until its lease expires).
         ("SECKILL__HTTP__ADDR", "127.0.0.1:0".into()),
+        // The front stage verifies buyers' tokens; the harness publishes straight
+        // to the queues, so any secret will do.
+        (
+            "SECKILL__FRONTSTAGE__AUTH__HS256_SECRET",
+            uuid::Uuid::new_v4().simple().to_string(),
+        ),
         ("SECKILL__TELEMETRY__FORMAT", "json".into()),
         ("RUST_LOG", "info".into()),
     ];
