@@ -144,7 +144,15 @@ async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
     let engine = Engine::start(&settings)
         .await
         .context("starting the engine")?;
-    let front = crate::http::front::start(&settings, engine.pool().clone(), engine.ids())
+    // The front stage reads through a small pool of its own: a flood of status
+    // reads or unknown SKUs waits there and never for the order transactions'
+    // connections.
+    let front_pool = {
+        let mut db = settings.database.clone();
+        db.pool_size = settings.frontstage.db_pool_size;
+        store::build_pool(&db).context("the front stage's pool")?
+    };
+    let front = crate::http::front::start(&settings, front_pool, engine.ids())
         .await
         .context("starting the front stage")?;
     let http = front.server.handle();
@@ -254,6 +262,11 @@ async fn validate(
         Ok("reachable".to_owned())
     };
     report("redis", "redis.url", redis.await);
+    report(
+        "frontstage",
+        "frontstage.auth.mode",
+        crate::http::front::check_settings(settings),
+    );
 
     Ok(if failed {
         ExitCode::FAILURE

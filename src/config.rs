@@ -73,7 +73,32 @@ pub struct FrontstageSettings {
     pub request_ttl_secs: u64,
     pub workers: usize,
     pub reconcile_interval_ms: u64,
+    /// Connections of the front stage's own pool (`serve`), apart from the engine's.
+    pub db_pool_size: u32,
     pub auth: AuthSettings,
+    pub rate_limit: RateLimitSettings,
+    pub purchase_token: PurchaseTokenSettings,
+}
+
+/// GCRA limits per user and per client address (`http::limits`); 0 turns one off.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RateLimitSettings {
+    pub per_user_per_s: u32,
+    pub per_user_burst: u32,
+    pub per_address_per_s: u32,
+    pub per_address_burst: u32,
+}
+
+/// The anti-bot purchase token (`domain::purchase_token`).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct PurchaseTokenSettings {
+    pub required: bool,
+    #[serde(default)]
+    pub secret: Option<SecretString>,
+    pub ttl_secs: u64,
+    pub max_per_user: u32,
 }
 
 /// The shortest `frontstage.auth.hs256_secret`: the key is as strong as the secret
@@ -313,6 +338,53 @@ impl Settings {
                 "database.replica_max_lag_ms",
                 "must be at most 3600000".into(),
             ));
+        }
+        if !(1..=64).contains(&self.frontstage.db_pool_size) {
+            return Err(invalid(
+                "frontstage.db_pool_size",
+                "must be between 1 and 64".into(),
+            ));
+        }
+        let limits = &self.frontstage.rate_limit;
+        for (key, rate, burst) in [
+            (
+                "frontstage.rate_limit.per_user_burst",
+                limits.per_user_per_s,
+                limits.per_user_burst,
+            ),
+            (
+                "frontstage.rate_limit.per_address_burst",
+                limits.per_address_per_s,
+                limits.per_address_burst,
+            ),
+        ] {
+            if rate > 0 && burst == 0 {
+                return Err(invalid(
+                    key,
+                    "must be at least 1 while its rate is on".into(),
+                ));
+            }
+        }
+        let tokens = &self.frontstage.purchase_token;
+        if !(1..=3600).contains(&tokens.ttl_secs) {
+            return Err(invalid(
+                "frontstage.purchase_token.ttl_secs",
+                "must be between 1 and 3600".into(),
+            ));
+        }
+        if tokens.max_per_user == 0 {
+            return Err(invalid(
+                "frontstage.purchase_token.max_per_user",
+                "must be at least 1".into(),
+            ));
+        }
+        if let Some(secret) = &tokens.secret {
+            if secret.expose_secret().len() < MIN_HS256_SECRET_BYTES {
+                return Err(invalid(
+                    "frontstage.purchase_token.secret",
+                    "must be at least 32 bytes (the value is not shown)".into(),
+                ));
+            }
         }
         if let Some(secret) = &self.frontstage.auth.hs256_secret {
             if secret.expose_secret().len() < MIN_HS256_SECRET_BYTES {

@@ -12,6 +12,14 @@ if [[ -z ${SECKILL__FRONTSTAGE__AUTH__HS256_SECRET:-} ]]; then
   SECKILL__FRONTSTAGE__AUTH__HS256_SECRET=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
   export SECKILL__FRONTSTAGE__AUTH__HS256_SECRET
 fi
+# Purchase tokens are signed with another throwaway secret.
+if [[ -z ${SECKILL__FRONTSTAGE__PURCHASE_TOKEN__SECRET:-} ]]; then
+  SECKILL__FRONTSTAGE__PURCHASE_TOKEN__SECRET=$(od -An -N32 -tx1 /dev/urandom | tr -d ' \n')
+  export SECKILL__FRONTSTAGE__PURCHASE_TOKEN__SECRET
+fi
+# A load generator's buyers all come from one address: the per-address limit is off
+# for engines started here (the per-user limit stays on).
+export SECKILL__FRONTSTAGE__RATE_LIMIT__PER_ADDRESS_PER_S=${SECKILL__FRONTSTAGE__RATE_LIMIT__PER_ADDRESS_PER_S:-0}
 
 # fresh_database: drop the engine's database and migrate it anew. Old rows slow
 # PostgreSQL down and would blur a comparison between runs. `scripts/services psql`

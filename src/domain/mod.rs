@@ -7,5 +7,6 @@ pub mod lsn;
 pub mod message;
 pub mod outcome;
 pub mod payment;
+pub mod purchase_token;
 pub mod shard;
 pub mod status;

@@ -19,11 +19,13 @@ use serde_json::json;
 use uuid::Uuid;
 
 use super::auth::{unauthorized, Authenticator};
+use super::limits::{too_many, Limits};
 use super::{HttpError, Running};
 use crate::config::{AmqpSettings, FrontstageSettings, Settings};
 use crate::domain::ids::{order_no, IdGenerator};
 use crate::domain::lsn::Lsn;
 use crate::domain::message::OrderCreateMessage;
+use crate::domain::purchase_token::{self, PurchaseClaims};
 use crate::domain::shard::shard_for;
 use crate::mq::publisher::ConfirmedPublisher;
 use crate::mq::topology::Names;
@@ -36,7 +38,8 @@ use crate::store::Pool;
 /// What the handlers share.
 pub struct FrontStage {
     pool: Pool,
-    redis: ::redis::aio::MultiplexedConnection,
+    /// Reconnects by itself after a Redis restart or a dropped connection.
+    redis: ::redis::aio::ConnectionManager,
     key_prefix: String,
     amqp: AmqpSettings,
     /// The confirm channel and its connection, reopened when the broker closed them.
@@ -48,8 +51,29 @@ pub struct FrontStage {
     marker_ttl_secs: u64,
     skus: Mutex<HashMap<(i64, i64), Arc<Sku>>>,
     auth: Authenticator,
+    limits: Limits,
+    /// `frontstage.purchase_token.secret` when tokens are required.
+    purchase_secret: Option<secrecy::SecretString>,
     replica: Option<Replica>,
     replica_max_lag_ms: i64,
+}
+
+/// A request turned away before any store was asked.
+enum Refused {
+    Limited(super::limits::Limited),
+    Unauthorized(super::auth::AuthError),
+    /// The purchase token's metric outcome and the reason.
+    PurchaseToken(&'static str, String),
+}
+
+impl Refused {
+    fn respond(self) -> HttpResponse {
+        match self {
+            Refused::Limited(limited) => too_many(limited),
+            Refused::Unauthorized(e) => unauthorized(&e),
+            Refused::PurchaseToken(outcome, reason) => purchase_token_refused(outcome, reason),
+        }
+    }
 }
 
 /// `database.replica_url` and how far it lags, as last measured (`watch_replica`).
@@ -64,6 +88,8 @@ const READ_SOURCE: &str = "X-Read-Source";
 const READ_LSN: &str = "X-Read-LSN";
 /// A position the client has already seen: no older answer may be given.
 const MIN_LSN: &str = "X-Min-LSN";
+/// The purchase token a reservation presents.
+const PURCHASE_TOKEN: &str = "X-Purchase-Token";
 
 /// What a reservation needs to know of its SKU; cached after the first request.
 type Sku = reads::SkuInfo;
@@ -99,7 +125,11 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
         web::get().to(reservation),
     )
     .route("/v1/orders/{order_id}", web::get().to(order))
-    .route("/v1/me/orders", web::get().to(my_orders));
+    .route("/v1/me/orders", web::get().to(my_orders))
+    .route(
+        "/v1/activities/{activity_id}/skus/{sku_id}/purchase-token",
+        web::get().to(purchase_token_for),
+    );
 }
 
 impl FrontStage {
@@ -109,11 +139,22 @@ impl FrontStage {
         ids: std::sync::Arc<IdGenerator>,
     ) -> Result<Self, HttpError> {
         let auth = Authenticator::new(&settings.frontstage.auth, &settings.http.addr)?;
+        let tokens = &settings.frontstage.purchase_token;
+        let purchase_secret = match (&tokens.secret, tokens.required) {
+            (Some(secret), true) => Some(secret.clone()),
+            (None, true) => {
+                return Err(HttpError::Config {
+                    key: "frontstage.purchase_token.secret",
+                    reason: "frontstage.purchase_token.required needs it (at least 32 bytes, shared by every front-stage instance, through SECKILL__FRONTSTAGE__PURCHASE_TOKEN__SECRET)".into(),
+                })
+            }
+            (_, false) => None,
+        };
         let replica = crate::store::build_replica_pool(&settings.database)?.map(|pool| Replica {
             pool,
             lag_ms: AtomicI64::new(i64::MAX),
         });
-        let redis = crate::redis::connect(&settings.redis).await?;
+        let redis = crate::redis::connect_managed(&settings.redis).await?;
         let amqp = crate::mq::connect(&settings.amqp, "seckill-frontstage").await?;
         let publisher = ConfirmedPublisher::open(&amqp).await?;
         Ok(Self {
@@ -129,10 +170,23 @@ impl FrontStage {
             marker_ttl_secs: settings.compensation.released_marker_ttl_secs,
             skus: Mutex::new(HashMap::new()),
             auth,
+            limits: Limits::new(&settings.frontstage.rate_limit),
+            purchase_secret,
             replica,
             replica_max_lag_ms: i64::try_from(settings.database.replica_max_lag_ms)
                 .unwrap_or(i64::MAX),
         })
+    }
+
+    /// The user a request speaks for, once the address limit, the credentials and
+    /// (for `count_user`) the user's own limit let it through: all from memory.
+    fn admit(&self, http: &HttpRequest, count_user: bool) -> Result<i64, Refused> {
+        self.limits.address(http).map_err(Refused::Limited)?;
+        let user = self.auth.user(http).map_err(Refused::Unauthorized)?;
+        if count_user {
+            self.limits.user(user).map_err(Refused::Limited)?;
+        }
+        Ok(user)
     }
 
     /// Measures the replica's lag once: 0 when it has replayed the primary's
@@ -206,8 +260,13 @@ impl FrontStage {
     }
 }
 
+/// 503: a store is unavailable for now; `Retry-After` says when to try again (the
+/// Redis connection reconnects within about a second, the broker's within the
+/// publish timeout).
 fn unavailable(why: &str) -> HttpResponse {
-    HttpResponse::ServiceUnavailable().json(json!({"status": "UNAVAILABLE", "error": why}))
+    HttpResponse::ServiceUnavailable()
+        .insert_header((actix_web::http::header::RETRY_AFTER, "1"))
+        .json(json!({"status": "UNAVAILABLE", "error": why}))
 }
 
 fn bad_request(why: String) -> HttpResponse {
@@ -235,9 +294,9 @@ async fn reserve(
     path: web::Path<(i64, i64)>,
     body: web::Bytes,
 ) -> HttpResponse {
-    let user_id = match front.auth.user(&http) {
+    let user_id = match front.admit(&http, true) {
         Ok(user) => user,
-        Err(e) => return unauthorized(&e),
+        Err(refused) => return refused.respond(),
     };
     let (activity_id, sku_id) = path.into_inner();
     let req: ReserveRequest = match serde_json::from_slice(&body) {
@@ -248,6 +307,14 @@ async fn reserve(
         return bad_request(
             "user_id: not accepted in the body; the buyer is the one the credentials name".into(),
         );
+    }
+    if req.request_id.is_nil() {
+        return bad_request("request_id: must not be the nil UUID".into());
+    }
+    if let Some(secret) = &front.purchase_secret {
+        if let Err(refused) = check_purchase_token(secret, &http, (user_id, activity_id, sku_id)) {
+            return refused.respond();
+        }
     }
     let sku = match front.sku(activity_id, sku_id).await {
         Ok(Some(sku)) => sku,
@@ -360,17 +427,139 @@ async fn publish(front: &FrontStage, msg: &OrderCreateMessage) -> Result<(), Str
         front.names.orders_exchange(),
         Names::order_routing_key(shard),
     );
-    let publisher = front.publisher().await.map_err(|e| e.to_string())?;
+    // Reopening the channel (and the connection) after a broker blip is bounded like
+    // the publish itself: a broker that does not answer is a 503, not a request
+    // that hangs.
+    let publisher = match tokio::time::timeout(PUBLISH_TIMEOUT, front.publisher()).await {
+        Ok(publisher) => publisher.map_err(|e| e.to_string())?,
+        Err(_) => return Err("no broker channel within the publish timeout".into()),
+    };
     let publish = publisher.publish(
         &exchange,
         &routing_key,
         &body,
         crate::mq::message_properties(&msg.message_id.to_string()),
     );
-    match tokio::time::timeout(Duration::from_secs(5), publish).await {
+    match tokio::time::timeout(PUBLISH_TIMEOUT, publish).await {
         Ok(result) => result.map_err(|e| e.to_string()),
         Err(_) => Err("publish confirm timed out".into()),
     }
+}
+
+/// How long a reservation's publish (and reopening the channel for it) may take.
+const PUBLISH_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn purchase_token_refused(outcome: &'static str, reason: String) -> HttpResponse {
+    metrics::counter!(crate::telemetry::names::PURCHASE_TOKENS_TOTAL, "outcome" => outcome)
+        .increment(1);
+    HttpResponse::Forbidden().json(json!({"status": "PURCHASE_TOKEN_INVALID", "reason": reason}))
+}
+
+/// A reservation's `X-Purchase-Token`: genuine, unexpired, this user's, this SKU's.
+fn check_purchase_token(
+    secret: &secrecy::SecretString,
+    http: &HttpRequest,
+    bound: (i64, i64, i64),
+) -> Result<(), Refused> {
+    use secrecy::ExposeSecret;
+    let Some(token) = http
+        .headers()
+        .get(PURCHASE_TOKEN)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return Err(Refused::PurchaseToken(
+            "missing",
+            format!("{PURCHASE_TOKEN} is required: fetch one from GET .../purchase-token during the sale"),
+        ));
+    };
+    purchase_token::verify(
+        secret.expose_secret().as_bytes(),
+        token,
+        bound,
+        Utc::now().timestamp_millis(),
+    )
+    .map(|_| ())
+    .map_err(|e| {
+        let outcome = match e {
+            purchase_token::InvalidToken::Expired => "expired",
+            purchase_token::InvalidToken::Mismatch => "mismatch",
+            _ => "invalid",
+        };
+        Refused::PurchaseToken(outcome, e.to_string())
+    })
+}
+
+/// `GET /v1/activities/{a}/skus/{s}/purchase-token`: a token for this buyer and SKU,
+/// only during the sale and at most `frontstage.purchase_token.max_per_user` times.
+async fn purchase_token_for(
+    front: web::Data<FrontStage>,
+    http: HttpRequest,
+    path: web::Path<(i64, i64)>,
+) -> HttpResponse {
+    use secrecy::ExposeSecret;
+    let user_id = match front.admit(&http, true) {
+        Ok(user) => user,
+        Err(refused) => return refused.respond(),
+    };
+    let (activity_id, sku_id) = path.into_inner();
+    let Some(secret) = &front.purchase_secret else {
+        return HttpResponse::NotFound().json(
+            json!({"status": "NOT_FOUND", "error": "purchase tokens are not required here"}),
+        );
+    };
+    let sku = match front.sku(activity_id, sku_id).await {
+        Ok(Some(sku)) => sku,
+        Ok(None) => {
+            return HttpResponse::NotFound()
+                .json(json!({"status": "NOT_FOUND", "error": "no such activity and sku"}))
+        }
+        Err(response) => return response,
+    };
+    let now = Utc::now();
+    if now < sku.start_at {
+        return HttpResponse::Conflict()
+            .json(json!({"status": "NOT_STARTED", "starts_at": sku.start_at}));
+    }
+    if now >= sku.end_at {
+        return HttpResponse::Conflict().json(json!({"status": "SALE_CLOSED"}));
+    }
+    let keys = SkuKeys::new(&front.key_prefix, activity_id, sku_id);
+    let mut redis = front.redis.clone();
+    let count =
+        commands::count_purchase_token(&mut redis, &keys, user_id, sku.end_at.timestamp_millis())
+            .await;
+    match count {
+        Ok(n) if n > i64::from(front.settings.purchase_token.max_per_user) => {
+            return HttpResponse::TooManyRequests().json(json!({
+                "status": "TOO_MANY_TOKENS",
+                "max_per_user": front.settings.purchase_token.max_per_user,
+            }))
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "Redis purchase-token count failed");
+            return unavailable("reservation store unavailable");
+        }
+    }
+    let ttl_ms = i64::try_from(front.settings.purchase_token.ttl_secs.saturating_mul(1000))
+        .unwrap_or(i64::MAX);
+    let expires_at_ms =
+        (now.timestamp_millis().saturating_add(ttl_ms)).min(sku.end_at.timestamp_millis());
+    let token = purchase_token::issue(
+        secret.expose_secret().as_bytes(),
+        &PurchaseClaims {
+            user_id,
+            activity_id,
+            sku_id,
+            expires_at_ms,
+        },
+    );
+    metrics::counter!(crate::telemetry::names::PURCHASE_TOKENS_TOTAL, "outcome" => "issued")
+        .increment(1);
+    HttpResponse::Ok().json(json!({
+        "token": token,
+        "expires_at": chrono::DateTime::<Utc>::from_timestamp_millis(expires_at_ms),
+    }))
 }
 
 /// The answer of a read on the primary: where from, and (when it could be read)
@@ -399,9 +588,9 @@ async fn reservation(
     http: HttpRequest,
     path: web::Path<Uuid>,
 ) -> HttpResponse {
-    let user_id = match front.auth.user(&http) {
+    let user_id = match front.admit(&http, false) {
         Ok(user) => user,
-        Err(e) => return unauthorized(&e),
+        Err(refused) => return refused.respond(),
     };
     let reservation_id = path.into_inner();
     let Ok(conn) = front.pool.get().await else {
@@ -469,9 +658,9 @@ async fn order(
     http: HttpRequest,
     path: web::Path<i64>,
 ) -> HttpResponse {
-    let user_id = match front.auth.user(&http) {
+    let user_id = match front.admit(&http, false) {
         Ok(user) => user,
-        Err(e) => return unauthorized(&e),
+        Err(refused) => return refused.respond(),
     };
     let order_id = path.into_inner();
     let Ok(conn) = front.pool.get().await else {
@@ -498,9 +687,9 @@ async fn my_orders(
     http: HttpRequest,
     query: web::Query<HistoryQuery>,
 ) -> HttpResponse {
-    let user_id = match front.auth.user(&http) {
+    let user_id = match front.admit(&http, false) {
         Ok(user) => user,
-        Err(e) => return unauthorized(&e),
+        Err(refused) => return refused.respond(),
     };
     let limit = query.limit.unwrap_or(HISTORY_DEFAULT);
     if !(1..=HISTORY_MAX).contains(&limit) {
@@ -574,6 +763,22 @@ fn history_json(orders: &[reads::OrderView], limit: i64) -> serde_json::Value {
     })
 }
 
+/// What `validate` says of the front stage's settings: whether it can authenticate
+/// buyers and sign purchase tokens as configured (what `serve` would refuse).
+pub fn check_settings(settings: &Settings) -> Result<String, String> {
+    Authenticator::new(&settings.frontstage.auth, &settings.http.addr)
+        .map_err(|e| e.to_string())?;
+    let tokens = &settings.frontstage.purchase_token;
+    if tokens.required && tokens.secret.is_none() {
+        return Err("configuration key `frontstage.purchase_token.secret`: frontstage.purchase_token.required needs it".into());
+    }
+    Ok(format!(
+        "buyers by {:?}, purchase tokens {}",
+        settings.frontstage.auth.mode,
+        if tokens.required { "required" } else { "off" }
+    ))
+}
+
 /// Starts the front stage. Its Redis and AMQP connections are opened here, on the
 /// caller's (long-lived) arbiter, and shared by the workers. It mints order ids with
 /// `ids`: the engine's generator, under the engine's node id lease.
@@ -586,6 +791,7 @@ pub async fn start(
     if state.replica.is_some() {
         watch_replica(Arc::downgrade(&state.clone().into_inner()));
     }
+    shrink_limits(Arc::downgrade(&state.clone().into_inner()));
     let workers = settings.frontstage.workers.max(1);
     let server = HttpServer::new(move || {
         App::new()
@@ -614,6 +820,19 @@ fn watch_replica(front: std::sync::Weak<FrontStage>) {
             front.measure_replica().await;
             drop(front);
             tokio::time::sleep(REPLICA_WATCH_INTERVAL).await;
+        }
+    });
+}
+
+/// Every 10 s, while the front stage lives, the limiters forget keys that have
+/// fully recovered, so a sale's hundreds of thousands of buyers do not stay in
+/// memory.
+fn shrink_limits(front: std::sync::Weak<FrontStage>) {
+    actix_rt::spawn(async move {
+        loop {
+            tokio::time::sleep(Duration::from_secs(10)).await;
+            let Some(front) = front.upgrade() else { break };
+            front.limits.shrink();
         }
     });
 }

@@ -4,6 +4,7 @@
 pub mod admin;
 pub mod auth;
 pub mod front;
+pub mod limits;
 pub mod operations;
 
 use std::net::SocketAddr;
@@ -21,6 +22,8 @@ pub enum HttpError {
     Mq(#[from] crate::mq::MqError),
     #[error(transparent)]
     Auth(#[from] auth::AuthConfigError),
+    #[error("configuration key `{key}`: {reason}")]
+    Config { key: &'static str, reason: String },
     #[error("PostgreSQL: {0}")]
     Store(#[from] crate::store::StoreError),
 }

@@ -2,14 +2,14 @@
 //! one timed under its command name, keys from `keys.rs`, pending members read by
 //! one parser.
 
-use ::redis::aio::MultiplexedConnection;
+use super::Conn;
 use ::redis::RedisError;
 
 use super::keys::{PendingMember, SkuKeys};
 use super::timed;
 
 /// `PING`: the connection answers.
-pub async fn ping(conn: &mut MultiplexedConnection) -> Result<(), RedisError> {
+pub async fn ping(conn: &mut impl Conn) -> Result<(), RedisError> {
     timed("ping", ::redis::cmd("PING").query_async::<String>(conn))
         .await
         .map(|_| ())
@@ -19,7 +19,7 @@ pub async fn ping(conn: &mut MultiplexedConnection) -> Result<(), RedisError> {
 /// `due_ms`, each with its raw member (to remove it exactly as stored). Members not in
 /// the pending format are skipped.
 pub async fn due_pending(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     keys: &SkuKeys,
     due_ms: i64,
     limit: usize,
@@ -42,7 +42,7 @@ pub async fn due_pending(
 
 /// Every pending reservation of a SKU.
 pub async fn all_pending(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     keys: &SkuKeys,
 ) -> Result<Vec<PendingMember>, RedisError> {
     let mut all = ::redis::cmd("ZRANGE");
@@ -56,7 +56,7 @@ pub async fn all_pending(
 
 /// Forgets one pending member (PostgreSQL has its reservation).
 pub async fn forget_pending(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     keys: &SkuKeys,
     member: &str,
 ) -> Result<(), RedisError> {
@@ -67,7 +67,7 @@ pub async fn forget_pending(
 
 /// The units left in one bucket; a missing key is 0.
 pub async fn bucket_stock(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     keys: &SkuKeys,
     bucket: i16,
 ) -> Result<i64, RedisError> {
@@ -80,7 +80,7 @@ pub async fn bucket_stock(
 /// Forgets the stored answer of a reservation request (its reservation was given
 /// back, so a retry must reserve anew).
 pub async fn forget_request(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     keys: &SkuKeys,
     user_id: i64,
     request_id: &uuid::Uuid,
@@ -93,7 +93,7 @@ pub async fn forget_request(
 /// Marks a reservation's message as queued for `ttl_ms`, so the status query can
 /// tell a queued reservation from an unknown one.
 pub async fn mark_queued(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     prefix: &str,
     reservation_id: &uuid::Uuid,
     (activity_id, sku_id, user_id): (i64, i64, i64),
@@ -109,7 +109,7 @@ pub async fn mark_queued(
 
 /// The user whose reservation's message was marked as queued; `None` if it was not.
 pub async fn queued_owner(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     prefix: &str,
     reservation_id: &uuid::Uuid,
 ) -> Result<Option<i64>, RedisError> {
@@ -117,4 +117,25 @@ pub async fn queued_owner(
     lookup.arg(SkuKeys::queued(prefix, reservation_id));
     let queued: Option<String> = timed("get", lookup.query_async(conn)).await?;
     Ok(queued.as_deref().and_then(SkuKeys::queued_owner))
+}
+
+/// Counts one more purchase token for `user_id` in this sale and returns the count;
+/// the count lives until the sale's end (`expire_at_ms`).
+pub async fn count_purchase_token(
+    conn: &mut impl Conn,
+    keys: &SkuKeys,
+    user_id: i64,
+    expire_at_ms: i64,
+) -> Result<i64, RedisError> {
+    let key = keys.purchase_tokens(user_id);
+    let mut pipe = ::redis::pipe();
+    pipe.atomic()
+        .cmd("INCR")
+        .arg(&key)
+        .cmd("PEXPIREAT")
+        .arg(&key)
+        .arg(expire_at_ms)
+        .ignore();
+    let (count,): (i64,) = timed("incr", pipe.query_async(conn)).await?;
+    Ok(count)
 }

@@ -7,6 +7,7 @@
 //! `{prefix}:{activity:sku}:released:{reservation}` the reservation's unit was given back
 //! `{prefix}:{activity:sku}:pending`                zset "reservation:user:bucket" by expiry (ms)
 //! `{prefix}:{activity:sku}:request:{user}:{request_id}`  the answer to a user's request
+//! `{prefix}:{activity:sku}:ptokens:{user}`          purchase tokens the user fetched for the sale
 //! `{prefix}:queued:{reservation}`                  "activity:sku:user" once its message is queued
 //!
 //! A pending member is `reservation:user:bucket`: built by `PendingMember::encode`
@@ -45,6 +46,11 @@ impl SkuKeys {
     /// is another request, and never replays this one's answer.
     pub fn request(&self, user_id: i64, request_id: &uuid::Uuid) -> String {
         format!("{}:request:{user_id}:{request_id}", self.base)
+    }
+
+    /// How many purchase tokens a user fetched for this SKU's sale.
+    pub fn purchase_tokens(&self, user_id: i64) -> String {
+        format!("{}:ptokens:{user_id}", self.base)
     }
 
     /// Member of the pending set for one reservation.

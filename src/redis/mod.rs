@@ -10,7 +10,14 @@ use secrecy::ExposeSecret;
 use crate::config::RedisSettings;
 use keys::SkuKeys;
 
-/// Opens a multiplexed connection (cheap to clone, reconnects on its own).
+/// A connection any Redis call here can go through: a multiplexed connection, or a
+/// `ConnectionManager` that reconnects.
+pub trait Conn: ::redis::aio::ConnectionLike + Send {}
+impl<T: ::redis::aio::ConnectionLike + Send> Conn for T {}
+
+/// Opens a multiplexed connection (cheap to clone). It does not reconnect: once
+/// the server closed it (a restart, `CLIENT KILL`), every call on it fails. For a
+/// long-lived connection use `connect_managed`.
 pub async fn connect(
     settings: &RedisSettings,
 ) -> Result<::redis::aio::MultiplexedConnection, ::redis::RedisError> {
@@ -19,9 +26,31 @@ pub async fn connect(
         .await
 }
 
+/// How long a long-lived connection waits for one answer, and to connect.
+const MANAGED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// Opens a connection that reconnects by itself after the server closed it (the
+/// crate's `ConnectionManager`): the call that saw the break fails, and the ones
+/// after it go through a new connection as soon as one can be opened. Cheap to
+/// clone; the clones share the connection. Every call is bounded by
+/// `MANAGED_TIMEOUT`, so a server that hangs is an error, not a stuck request.
+pub async fn connect_managed(
+    settings: &RedisSettings,
+) -> Result<::redis::aio::ConnectionManager, ::redis::RedisError> {
+    let config = ::redis::aio::ConnectionManagerConfig::new()
+        .set_connection_timeout(Some(MANAGED_TIMEOUT))
+        .set_response_timeout(Some(MANAGED_TIMEOUT))
+        .set_max_delay(std::time::Duration::from_millis(500));
+    ::redis::aio::ConnectionManager::new_with_config(
+        ::redis::Client::open(settings.url.expose_secret())?,
+        config,
+    )
+    .await
+}
+
 /// Loads the stock of every bucket of a SKU, and the bucket count, atomically.
 pub async fn load_stock(
-    conn: &mut ::redis::aio::MultiplexedConnection,
+    conn: &mut impl Conn,
     keys: &SkuKeys,
     per_bucket: &[i32],
 ) -> Result<(), ::redis::RedisError> {

@@ -3,7 +3,7 @@
 
 use std::sync::LazyLock;
 
-use ::redis::aio::MultiplexedConnection;
+use super::Conn;
 use ::redis::Script;
 use uuid::Uuid;
 
@@ -90,7 +90,7 @@ pub enum Reserved {
 /// Runs the reserve script for one request.
 #[allow(clippy::too_many_arguments)]
 pub async fn reserve(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     keys: &SkuKeys,
     buckets: i16,
     user_id: i64,
@@ -134,7 +134,7 @@ pub fn user_bucket(user_id: i64, buckets: i16) -> i16 {
 
 /// Returns whether this call gave the unit back (false: an earlier call did).
 pub async fn give_back(
-    conn: &mut MultiplexedConnection,
+    conn: &mut impl Conn,
     keys: &SkuKeys,
     bucket: i16,
     reservation_id: Uuid,

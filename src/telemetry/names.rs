@@ -124,6 +124,10 @@ pub const PAYMENTS_TOTAL: &str = "seckill_payments_total";
 /// 1 while the engine is ready to take work, else 0.
 pub const READY: &str = "seckill_ready";
 /// Reads of the buyer's order history, by `source` (`replica` or `primary`).
+/// Front-stage requests refused by a rate limit, by `scope` (`user` or `address`).
+pub const HTTP_RATE_LIMITED_TOTAL: &str = "seckill_http_rate_limited_total";
+/// Purchase tokens the front stage issued, and refused by `reason`.
+pub const PURCHASE_TOKENS_TOTAL: &str = "seckill_purchase_tokens_total";
 pub const READS_TOTAL: &str = "seckill_reads_total";
 /// Redis units the reconciler gave back for reservations that never reached the engine.
 pub const RECONCILER_GIVEN_BACK_TOTAL: &str = "seckill_reconciler_given_back_total";
@@ -191,6 +195,8 @@ pub const CATALOGUE: &[Metric] = &[
     Metric { name: OUTBOX_PUBLISHED_TOTAL, kind: Kind::Counter, help: "Outbox events published and confirmed." },
     Metric { name: PAYMENTS_TOTAL, kind: Kind::Counter, help: "Payment callbacks settled, by `result`." },
     Metric { name: READY, kind: Kind::Gauge, help: "1 while the engine is ready to take work, else 0." },
+    Metric { name: HTTP_RATE_LIMITED_TOTAL, kind: Kind::Counter, help: "Front-stage requests refused by a rate limit, by `scope` (`user` or `address`)." },
+    Metric { name: PURCHASE_TOKENS_TOTAL, kind: Kind::Counter, help: "Purchase tokens the front stage issued (`outcome` issued) or refused a reservation for (`outcome` missing, invalid, expired, mismatch)." },
     Metric { name: READS_TOTAL, kind: Kind::Counter, help: "Reads of the buyer's order history, by `source` (`replica` or `primary`)." },
     Metric { name: REPLICA_LAG_SECONDS, kind: Kind::Gauge, help: "How far database.replica_url lags: 0 once it has replayed the primary's position, else the age of its last replayed transaction." },
     Metric { name: RECONCILER_GIVEN_BACK_TOTAL, kind: Kind::Counter, help: "Redis units the reconciler gave back for reservations that never reached the engine." },

@@ -166,6 +166,10 @@ impl TestEnv {
                 "frontstage.auth.hs256_secret",
                 TEST_JWT_SECRET,
             ))
+            .merge(Serialized::default(
+                "frontstage.purchase_token.secret",
+                TEST_PURCHASE_SECRET,
+            ))
             // Any free port: tests run in parallel.
             .merge(Serialized::default("http.addr", "127.0.0.1:0"))
             .merge(Serialized::default("admin.addr", "127.0.0.1:0"));
@@ -322,6 +326,9 @@ async fn cleanup(db_name: String, names: Names, settings: Settings, queues: Vec<
 
 /// The tests' `frontstage.auth.hs256_secret`.
 pub const TEST_JWT_SECRET: &str = "a-test-secret-that-is-long-enough-for-hs256";
+
+/// The tests' `frontstage.purchase_token.secret`.
+pub const TEST_PURCHASE_SECRET: &str = "a-test-purchase-token-secret-long-enough";
 
 /// A bearer token for `user`, valid for an hour, signed with `secret`.
 pub fn token(secret: &secrecy::SecretString, user: i64) -> String {

@@ -10,10 +10,15 @@ use crate::common::{admin_config, base_settings, with_dbname};
 
 fn engine() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_seckill-engine"));
-    cmd.env("RUST_LOG", "warn").env(
-        "SECKILL__FRONTSTAGE__AUTH__HS256_SECRET",
-        crate::common::TEST_JWT_SECRET,
-    );
+    cmd.env("RUST_LOG", "warn")
+        .env(
+            "SECKILL__FRONTSTAGE__AUTH__HS256_SECRET",
+            crate::common::TEST_JWT_SECRET,
+        )
+        .env(
+            "SECKILL__FRONTSTAGE__PURCHASE_TOKEN__SECRET",
+            crate::common::TEST_PURCHASE_SECRET,
+        );
     cmd
 }
 
@@ -75,7 +80,7 @@ async fn migrate_creates_the_database_and_is_idempotent() {
     assert!(valid.ok, "{}", valid.text);
     assert_eq!(
         valid.text.lines().filter(|l| l.starts_with("ok")).count(),
-        4,
+        5,
         "{}",
         valid.text
     );
@@ -898,6 +903,10 @@ fn no_secret_appears_in_any_output_for_bad_values() {
         ("SECKILL__ADMIN__TOKEN", SECRET.to_owned()),
         // Too short to be accepted: the error names the key, never the value.
         ("SECKILL__FRONTSTAGE__AUTH__HS256_SECRET", SECRET.to_owned()),
+        (
+            "SECKILL__FRONTSTAGE__PURCHASE_TOKEN__SECRET",
+            SECRET.to_owned(),
+        ),
     ];
     for (key, value) in cases {
         for command in ["validate", "serve"] {

@@ -137,6 +137,8 @@ struct Front {
     client: awc::Client,
     base: String,
     secret: secrecy::SecretString,
+    /// Purchase tokens fetched, by (user, activity): reused, as a client would.
+    purchase: std::cell::RefCell<HashMap<(i64, i64), String>>,
 }
 
 impl Front {
@@ -150,7 +152,56 @@ impl Front {
                 .hs256_secret
                 .clone()
                 .expect("the tests' settings carry a JWT secret"),
+            purchase: Default::default(),
         }
+    }
+
+    /// `user`'s purchase token for SKU 1 of `activity`, fetched once.
+    async fn purchase_token(&self, activity: i64, user: i64) -> String {
+        if let Some(token) = self.purchase.borrow().get(&(user, activity)) {
+            return token.clone();
+        }
+        let (status, body) = self
+            .get(
+                &format!("/v1/activities/{activity}/skus/1/purchase-token"),
+                Some(user),
+            )
+            .await;
+        assert_eq!(status, 200, "purchase token: {body}");
+        let token = body["token"].as_str().unwrap().to_owned();
+        self.purchase
+            .borrow_mut()
+            .insert((user, activity), token.clone());
+        token
+    }
+
+    /// POSTs a reservation with whatever purchase token is given.
+    async fn reserve_with(
+        &self,
+        activity: i64,
+        user: i64,
+        request: Uuid,
+        purchase: Option<&str>,
+    ) -> (u16, Value) {
+        let mut req = self
+            .request(
+                awc::http::Method::POST,
+                &format!("/v1/activities/{activity}/skus/1/reservations"),
+                Some(user),
+            )
+            .insert_header(("content-type", "application/json"));
+        if let Some(purchase) = purchase {
+            req = req.insert_header(("x-purchase-token", purchase.to_owned()));
+        }
+        let mut res = req
+            .send_body(json!({"request_id": request}).to_string())
+            .await
+            .unwrap();
+        let bytes = res.body().await.unwrap();
+        (
+            res.status().as_u16(),
+            serde_json::from_slice(&bytes).unwrap_or(Value::Null),
+        )
     }
 
     fn request(
@@ -205,13 +256,20 @@ impl Front {
         .await
     }
 
+    /// A reservation as a client makes it: with its purchase token.
     async fn reserve(&self, activity: i64, user: i64, request: Uuid) -> (u16, Value) {
-        self.post(
-            &format!("/v1/activities/{activity}/skus/1/reservations"),
-            &json!({"request_id": request}).to_string(),
-            Some(user),
-        )
-        .await
+        let purchase = if self.activity_exists(activity) {
+            Some(self.purchase_token(activity, user).await)
+        } else {
+            None
+        };
+        self.reserve_with(activity, user, request, purchase.as_deref())
+            .await
+    }
+
+    /// Activity 999 is the tests' unknown one (no token can be fetched for it).
+    fn activity_exists(&self, activity: i64) -> bool {
+        activity != 999
     }
 }
 
@@ -265,8 +323,16 @@ async fn the_http_front_stage_queues_orders_and_reports_every_state() {
         bad["error"].as_str().unwrap().contains("request_id"),
         "{bad}"
     );
-    let (status, _) = front.reserve(999, 1, Uuid::now_v7()).await;
+    // No token can be had for an unknown SKU, and no reservation without one.
+    let (status, _) = front
+        .get("/v1/activities/999/skus/1/purchase-token", Some(9))
+        .await;
     assert_eq!(status, 404);
+    let (status, refused) = front.reserve(999, 9, Uuid::now_v7()).await;
+    assert_eq!(
+        (status, refused["status"].as_str()),
+        (403, Some("PURCHASE_TOKEN_INVALID"))
+    );
 
     let reservation = first["reservation_id"].as_str().unwrap().to_owned();
     assert!(front.reaches(&reservation, "ORDERED", 1).await);
@@ -422,6 +488,257 @@ async fn each_buyer_is_who_the_token_says_and_sees_only_their_own() {
     assert_eq!((status, order["user_id"].as_i64()), (200, Some(1)));
     assert_eq!(front.get(&order_path, Some(2)).await.0, 404);
 
+    handle.stop(true).await;
+    engine.stop().await;
+    env.cleanup().await;
+}
+
+/// The purchase token (the "hidden path"): only during the sale, a few per user,
+/// bound to its user and SKU; a reservation without a valid one is refused (403)
+/// before Redis sees it.
+#[actix_rt::test]
+async fn a_reservation_needs_the_buyer_s_own_purchase_token_from_the_sale() {
+    // Many requests of one user here: the per-user rate limit (its own test) is off.
+    let env = TestEnv::with(|f| {
+        f.merge(Serialized::default(
+            "frontstage.purchase_token.max_per_user",
+            2,
+        ))
+        .merge(Serialized::default(
+            "frontstage.rate_limit.per_user_per_s",
+            0,
+        ))
+    })
+    .await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 57, 1, 5, 1).await;
+    builders::activity(&mut db, 58, 1, 5, 1).await;
+    // Activity 59 starts in an hour; activity 60 ended a minute ago.
+    builders::activity(&mut db, 59, 1, 5, 1).await;
+    builders::activity(&mut db, 60, 1, 5, 1).await;
+    db.batch_execute(
+        "UPDATE seckill_activity SET start_at = now() + interval '1 hour', end_at = now() + interval '2 hours' WHERE activity_id = 59;
+         UPDATE seckill_activity SET start_at = now() - interval '2 hours', end_at = now() - interval '1 minute' WHERE activity_id = 60;",
+    )
+    .await
+    .unwrap();
+    let mut redis = env.redis().await;
+    for activity in [57, 58] {
+        let keys = SkuKeys::new(&env.settings.redis.key_prefix, activity, 1);
+        seckill_engine::redis::load_stock(&mut redis, &keys, &[5])
+            .await
+            .unwrap();
+    }
+    let engine = EngineHandle::start(&env.settings).await;
+    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
+    let running = seckill_engine::http::front::start(&env.settings, pool, engine.ids.clone())
+        .await
+        .unwrap();
+    let handle = running.server.handle();
+    actix_rt::spawn(running.server);
+    let front = Front::new(running.addr, &env.settings);
+    let token_path = |a: i64| format!("/v1/activities/{a}/skus/1/purchase-token");
+
+    let (status, early) = front.get(&token_path(59), Some(1)).await;
+    assert_eq!(
+        (status, early["status"].as_str()),
+        (409, Some("NOT_STARTED"))
+    );
+    assert!(early["starts_at"].is_string(), "{early}");
+    let (status, late) = front.get(&token_path(60), Some(1)).await;
+    assert_eq!(
+        (status, late["status"].as_str()),
+        (409, Some("SALE_CLOSED"))
+    );
+    assert_eq!(front.get(&token_path(57), None).await.0, 401);
+
+    let mine = front.purchase_token(57, 1).await;
+    let other_sku = front.purchase_token(58, 2).await;
+    let theirs = front.purchase_token(57, 2).await;
+    for (purchase, why) in [
+        (None, "missing"),
+        (Some("garbage"), "garbled"),
+        (Some(theirs.as_str()), "another user's"),
+        (Some(other_sku.as_str()), "another SKU's (and user's)"),
+    ] {
+        let (status, body) = front.reserve_with(57, 1, Uuid::now_v7(), purchase).await;
+        assert_eq!(
+            (status, body["status"].as_str()),
+            (403, Some("PURCHASE_TOKEN_INVALID")),
+            "{why}: {body}"
+        );
+    }
+    assert_eq!(
+        redis_stocks(
+            &mut redis,
+            &SkuKeys::new(&env.settings.redis.key_prefix, 57, 1),
+            1
+        )
+        .await,
+        vec![5],
+        "no refused reservation touched the stock"
+    );
+    let (status, body) = front.reserve_with(57, 1, Uuid::now_v7(), Some(&mine)).await;
+    assert_eq!(status, 202, "{body}");
+
+    // User 3 may fetch two tokens for the sale (max_per_user = 2), not three.
+    for _ in 0..2 {
+        assert_eq!(front.get(&token_path(57), Some(3)).await.0, 200);
+    }
+    let (status, body) = front.get(&token_path(57), Some(3)).await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (429, Some("TOO_MANY_TOKENS"))
+    );
+
+    handle.stop(true).await;
+    engine.stop().await;
+    env.cleanup().await;
+}
+
+/// One user firing 50 reservations within a second: past the burst they are
+/// refused with 429 and a Retry-After, from memory: only the ones let through can
+/// have reached Redis, where the user's one reservation stands.
+#[actix_rt::test]
+async fn a_user_firing_requests_is_limited_before_redis() {
+    let env = TestEnv::new().await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 61, 1, 5, 1).await;
+    let keys = SkuKeys::new(&env.settings.redis.key_prefix, 61, 1);
+    let mut redis = env.redis().await;
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[5])
+        .await
+        .unwrap();
+    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
+    let ids = std::sync::Arc::new(seckill_engine::domain::ids::IdGenerator::new(1002));
+    let engine = EngineHandle::start(&env.settings).await;
+    let running = seckill_engine::http::front::start(&env.settings, pool, ids)
+        .await
+        .unwrap();
+    let handle = running.server.handle();
+    actix_rt::spawn(running.server);
+    let front = Front::new(running.addr, &env.settings);
+    let purchase = front.purchase_token(61, 4).await;
+    let started = std::time::Instant::now();
+    let answers = join_all((0..50).map(|_| {
+        let request = front
+            .request(
+                awc::http::Method::POST,
+                "/v1/activities/61/skus/1/reservations",
+                Some(4),
+            )
+            .insert_header(("content-type", "application/json"))
+            .insert_header(("x-purchase-token", purchase.clone()));
+        async move {
+            let res = request
+                .send_body(json!({"request_id": Uuid::now_v7()}).to_string())
+                .await
+                .unwrap();
+            let retry_after = res
+                .headers()
+                .get("retry-after")
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.parse::<u64>().ok());
+            (res.status().as_u16(), retry_after)
+        }
+    }))
+    .await;
+    let elapsed = started.elapsed();
+    let limited: Vec<_> = answers.iter().filter(|(s, _)| *s == 429).collect();
+    let through: Vec<_> = answers.iter().filter(|(s, _)| *s != 429).collect();
+    assert!(
+        limited
+            .iter()
+            .all(|(_, retry)| retry.is_some_and(|r| r >= 1)),
+        "{answers:?}"
+    );
+    // Burst 5 minus the token fetch, plus 2/s for the time the volley took.
+    let allowed = 4 + (elapsed.as_secs_f64() * 2.0).ceil() as usize;
+    assert!(
+        through.len() <= allowed,
+        "{} let through in {elapsed:?}: {answers:?}",
+        through.len()
+    );
+    assert!(limited.len() >= 50 - allowed, "{answers:?}");
+    // Of those let through, one reserved and the others found it held.
+    assert_eq!(
+        through.iter().filter(|(s, _)| *s == 202).count(),
+        1,
+        "{answers:?}"
+    );
+    assert!(
+        through.iter().all(|(s, _)| *s == 202 || *s == 409),
+        "{answers:?}"
+    );
+    assert_eq!(redis_stocks(&mut redis, &keys, 1).await, vec![4]);
+    handle.stop(true).await;
+    engine.stop().await;
+    env.cleanup().await;
+}
+
+/// The front stage's Redis connection dropped (every connection cut, new ones
+/// refused for a moment, as a restart or `CLIENT KILL` does): reservations answer
+/// 503 with `Retry-After` meanwhile, and succeed again within 5 s of Redis being
+/// back, without restarting anything.
+#[actix_rt::test]
+async fn reservations_come_back_by_themselves_after_the_redis_connection_drops() {
+    use secrecy::ExposeSecret;
+    let env = TestEnv::new().await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 63, 1, 5, 1).await;
+    let keys = SkuKeys::new(&env.settings.redis.key_prefix, 63, 1);
+    let mut redis = env.redis().await;
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[5])
+        .await
+        .unwrap();
+    let engine = EngineHandle::start(&env.settings).await;
+    // Only the front stage reaches Redis through the switch.
+    let url = env.settings.redis.url.expose_secret().to_owned();
+    let switch = crate::common::Switch::start(crate::common::target_of(&url, 6379)).await;
+    let mut settings = env.settings.clone();
+    settings.redis.url = switch.url_through(&url).into();
+    let pool = seckill_engine::store::build_pool(&settings.database).unwrap();
+    let running = seckill_engine::http::front::start(&settings, pool, engine.ids.clone())
+        .await
+        .unwrap();
+    let handle = running.server.handle();
+    actix_rt::spawn(running.server);
+    let front = Front::new(running.addr, &settings);
+    for user in 1..=3 {
+        front.purchase_token(63, user).await;
+    }
+    assert_eq!(front.reserve(63, 1, Uuid::now_v7()).await.0, 202);
+
+    switch.set(false);
+    // The switch cuts its connections within 20 ms.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let mut res = front
+        .request(
+            awc::http::Method::POST,
+            "/v1/activities/63/skus/1/reservations",
+            Some(2),
+        )
+        .insert_header(("content-type", "application/json"))
+        .insert_header(("x-purchase-token", front.purchase_token(63, 2).await))
+        .send_body(json!({"request_id": Uuid::now_v7()}).to_string())
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 503);
+    assert!(res.headers().get("retry-after").is_some());
+    let _ = res.body().await;
+
+    switch.set(true);
+    let back = std::time::Instant::now();
+    let reserved = wait_until(Duration::from_secs(5), || async {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        front.reserve(63, 3, Uuid::now_v7()).await.0 == 202
+    })
+    .await;
+    assert!(
+        reserved,
+        "still no reservation {:?} after Redis came back",
+        back.elapsed()
+    );
     handle.stop(true).await;
     engine.stop().await;
     env.cleanup().await;

@@ -4,7 +4,7 @@
 //! PostgreSQL, runs the invariant checks and reports what happened. It talks to a
 //! running engine (`serve`) through the configured services.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -257,13 +257,18 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
         .metrics_url
         .clone()
         .unwrap_or_else(|| format!("http://{}/metrics", settings.admin.addr));
+    // Buyers sign in and fetch their purchase tokens before the clock starts.
+    let buyers = match args.mode {
+        Mode::Http => Some(prepare_http(settings, &args, activity_id).await?),
+        Mode::Amqp => None,
+    };
     let metrics_before = scrape(&metrics_url).await;
     let cpu_before = cpu::Reading::take();
     let probe = stalls::Probe::start();
     let started = Instant::now();
     let start_time = Utc::now();
     let (responses, expected) = match args.mode {
-        Mode::Http => drive_http(settings, &args, activity_id).await?,
+        Mode::Http => drive_http(&args, buyers.context("buyers prepared for http")?).await?,
         Mode::Amqp => drive_amqp(settings, &args, activity_id).await?,
     };
     let drive_seconds = started.elapsed().as_secs_f64();
@@ -608,22 +613,100 @@ fn buyer_sequence(args: &BenchArgs) -> Vec<i64> {
     users
 }
 
-/// Returns the response counts and how many reservations reached the queue.
-async fn drive_http(
+/// The http run's buyers, signed in before the clock: the click sequence, and each
+/// buyer's bearer token and purchase token (`None` where none is required).
+struct HttpBuyers {
+    url: String,
+    users: Vec<i64>,
+    credentials: HashMap<i64, Credentials>,
+}
+
+/// A buyer's `Authorization` value and purchase token (`None`: none is required).
+type Credentials = (String, Option<String>);
+
+/// Signs each buyer's JWT with the configured secret and fetches each one's
+/// purchase token for the sale (a 404 "not required" leaves it out).
+async fn prepare_http(
     settings: &Settings,
     args: &BenchArgs,
     activity_id: i64,
-) -> anyhow::Result<(BTreeMap<String, u64>, u64)> {
+) -> anyhow::Result<HttpBuyers> {
     let base = args
         .url
         .clone()
         .unwrap_or_else(|| format!("http://{}", settings.http.addr));
-    let url = format!("{base}/v1/activities/{activity_id}/skus/1/reservations");
-    let users = buyer_sequence(args);
-    // Each buyer presents a token for itself, as a logged-in buyer would.
     let secret = settings.frontstage.auth.hs256_secret.clone().context(
         "--mode http needs frontstage.auth.hs256_secret (SECKILL__FRONTSTAGE__AUTH__HS256_SECRET), the engine's, to sign the buyers' tokens",
     )?;
+    let users = buyer_sequence(args);
+    let distinct: Vec<i64> = {
+        let mut d = users.clone();
+        d.sort_unstable();
+        d.dedup();
+        d
+    };
+    let client = awc::Client::builder()
+        .timeout(Duration::from_secs(30))
+        .connector(awc::Connector::new().limit(args.concurrency))
+        .finish();
+    let token_url = format!("{base}/v1/activities/{activity_id}/skus/1/purchase-token");
+    let bar = ProgressBar::new(distinct.len() as u64);
+    bar.set_style(bar_style("signing in"));
+    let fetched: Vec<anyhow::Result<(i64, Credentials)>> = stream::iter(distinct)
+        .map(|user| {
+            let (client, token_url, bar, secret) = (&client, &token_url, &bar, &secret);
+            async move {
+                let bearer = format!(
+                    "Bearer {}",
+                    seckill_engine::http::auth::issue_hs256(
+                        secret,
+                        user,
+                        Duration::from_secs(3600)
+                    )?
+                );
+                let mut res = client
+                    .get(token_url.as_str())
+                    .insert_header(("Authorization", bearer.clone()))
+                    .send()
+                    .await
+                    .map_err(|e| anyhow::anyhow!("purchase token for user {user}: {e}"))?;
+                let status = res.status().as_u16();
+                let body: serde_json::Value = res.json().await.unwrap_or_default();
+                bar.inc(1);
+                let purchase = match status {
+                    200 => Some(
+                        body["token"]
+                            .as_str()
+                            .context("purchase-token answer without a token")?
+                            .to_owned(),
+                    ),
+                    404 if body["error"] == "purchase tokens are not required here" => None,
+                    _ => bail!("purchase token for user {user}: {status} {body}"),
+                };
+                Ok((user, (bearer, purchase)))
+            }
+        })
+        .buffer_unordered(args.concurrency)
+        .collect()
+        .await;
+    bar.finish_and_clear();
+    Ok(HttpBuyers {
+        url: format!("{base}/v1/activities/{activity_id}/skus/1/reservations"),
+        users,
+        credentials: fetched.into_iter().collect::<anyhow::Result<_>>()?,
+    })
+}
+
+/// Returns the response counts and how many reservations reached the queue.
+async fn drive_http(
+    args: &BenchArgs,
+    buyers: HttpBuyers,
+) -> anyhow::Result<(BTreeMap<String, u64>, u64)> {
+    let HttpBuyers {
+        url,
+        users,
+        credentials,
+    } = buyers;
     let bar = ProgressBar::new(users.len() as u64);
     bar.set_style(bar_style("buyers"));
     let client = awc::Client::builder()
@@ -632,24 +715,20 @@ async fn drive_http(
         .finish();
     let statuses: Vec<String> = stream::iter(users)
         .map(|user| {
-            let (client, url, bar, secret) = (&client, &url, &bar, &secret);
+            let (client, url, bar, credentials) = (&client, &url, &bar, &credentials);
             async move {
                 let body = serde_json::json!({"request_id": Uuid::now_v7()});
-                let token = seckill_engine::http::auth::issue_hs256(
-                    secret,
-                    user,
-                    Duration::from_secs(3600),
-                );
-                let request = match token {
-                    Ok(token) => client
-                        .post(url.as_str())
-                        .insert_header(("Authorization", format!("Bearer {token}")))
-                        .send_json(&body),
-                    Err(e) => {
-                        bar.inc(1);
-                        return format!("error signing a token: {e}");
-                    }
+                let Some((bearer, purchase)) = credentials.get(&user) else {
+                    bar.inc(1);
+                    return "error: a buyer without credentials".to_owned();
                 };
+                let mut request = client
+                    .post(url.as_str())
+                    .insert_header(("Authorization", bearer.as_str()));
+                if let Some(purchase) = purchase {
+                    request = request.insert_header(("X-Purchase-Token", purchase.as_str()));
+                }
+                let request = request.send_json(&body);
                 let label = match request.await {
                     Ok(mut res) => {
                         let status = res.status().as_u16();

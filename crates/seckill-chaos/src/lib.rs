@@ -488,6 +488,10 @@ fn engine_env(settings: &Settings) -> Vec<(String, String)> {
             "SECKILL__FRONTSTAGE__AUTH__HS256_SECRET",
             uuid::Uuid::new_v4().simple().to_string(),
         ),
+        (
+            "SECKILL__FRONTSTAGE__PURCHASE_TOKEN__SECRET",
+            uuid::Uuid::new_v4().simple().to_string(),
+        ),
         ("SECKILL__TELEMETRY__FORMAT", "json".into()),
         ("RUST_LOG", "info".into()),
     ];
