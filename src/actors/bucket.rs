@@ -30,7 +30,7 @@ use crate::domain::message::OrderCreateMessage;
 use crate::domain::outcome::{ErrorClass, OrderOutcome, ResultCode};
 use crate::store::orders::{
     create_orders, load_bucket_sku, AllocationTurn, OrderInput, OrderKey, OrderTxContext,
-    Speculation, Stage,
+    SkuSnapshot, Speculation, Stage,
 };
 use crate::store::{Pool, StoreError};
 use futures_util::future::LocalBoxFuture;
@@ -110,8 +110,9 @@ impl SpeculationHints {
 pub struct BucketActor {
     key: BucketKey,
     shared: Arc<BucketShared>,
-    /// SKU title snapshot, loaded with the first order of this actor's life.
-    sku_title: Option<String>,
+    /// SKU snapshot (title, price, order TTL), loaded with the first order of this
+    /// actor's life.
+    sku_title: Option<SkuSnapshot>,
     /// What the last batch to end suggests of the next (`next_speculation`): it
     /// is sent in one round trip, as if that held for it (`OrderTxContext::speculate`).
     speculate: Speculation,
@@ -351,7 +352,7 @@ fn run_group<'a>(
     shared: &'a BucketShared,
     key: BucketKey,
     speculate: Speculation,
-    title: &'a mut Option<String>,
+    title: &'a mut Option<SkuSnapshot>,
     turn: &'a mut AllocationTurn,
     runs: &'a [RunOrder],
 ) -> LocalBoxFuture<'a, Vec<Result<OrderOutcome, ErrorClass>>> {
@@ -472,7 +473,7 @@ async fn run_orders(
     shared: &BucketShared,
     key: BucketKey,
     speculate: Speculation,
-    title: &mut Option<String>,
+    title: &mut Option<SkuSnapshot>,
     turn: &mut AllocationTurn,
     runs: &[RunOrder],
 ) -> Result<Done, StoreError> {
@@ -490,7 +491,7 @@ async fn run_orders(
     turn.seated();
     metrics::histogram!(crate::telemetry::names::DB_POOL_ACQUIRE_SECONDS)
         .record(pool_acquire.as_secs_f64());
-    let sku_title = match title {
+    let sku = match title {
         Some(title) => title.clone(),
         None => {
             let loaded = load_bucket_sku(&mut conn, key.activity_id, key.sku_id, key.bucket)
@@ -505,9 +506,14 @@ async fn run_orders(
             loaded
         }
     };
+    // A message that contradicts the SKU fails its batch as fatal: the batch is
+    // split until that message is alone, and it alone is dead-lettered with why.
+    if let Some(reason) = runs.iter().find_map(|run| sku.contradiction(&run.msg)) {
+        return Err(StoreError::Anomaly(reason));
+    }
     let ctx = OrderTxContext {
         consumer_group: shared.consumer_group.clone(),
-        sku_title,
+        sku_title: sku.title,
         lock_timeout: shared.lock_timeout.clone(),
         statement_timeout: shared.statement_timeout.clone(),
         max_attempts: shared.max_attempts,

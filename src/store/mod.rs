@@ -207,6 +207,9 @@ pub enum StoreError {
     /// treated as an unknown outcome, never acked.
     #[error("COMMIT answered with a warning (a cancelled wait for a synchronous standby): committed locally, maybe not replicated")]
     CommitWarned,
+    /// A pooled connection's server is read-only now (found by the liveness check).
+    #[error("the server is read-only (no writable primary)")]
+    ReadOnlyServer,
     /// The data contradicts the model (e.g. an order id collision): an operator must look.
     #[error("anomaly: {0}")]
     Anomaly(String),
@@ -256,6 +259,7 @@ impl StoreError {
             StoreError::Anomaly(reason) => ErrorClass::Fatal(reason.clone()),
             StoreError::Url(reason) => ErrorClass::Fatal(reason.clone()),
             StoreError::NotOpened(_) => ErrorClass::Unavailable("connection"),
+            StoreError::ReadOnlyServer => ErrorClass::Unavailable("read_only"),
             // Nothing committed; never leaves `create_orders`.
             StoreError::Speculation => ErrorClass::Transient("speculation"),
             // Nothing was written; the message waits until the lease is renewed (or
@@ -501,7 +505,8 @@ impl bb8::ManageConnection for PgManager {
         Ok(PgConn::new(self.connected(client)?, warnings))
     }
 
-    /// The check is a round trip, and a checkout happens for every order transaction.
+    /// The check is a round trip (two: liveness, and whether the server is still
+    /// writable), and a checkout happens for every order transaction.
     /// It only narrows the window in which a dead backend is handed out: a backend can
     /// die in the middle of a transaction anyway, and every caller handles that. So a
     /// connection that answered a check within `RECHECK_AFTER` is taken as alive,
@@ -513,6 +518,19 @@ impl bb8::ManageConnection for PgManager {
             return Ok(());
         }
         self.inner.is_valid(&mut conn.client).await?;
+        // The server may have turned read-only since (a standby after all, a
+        // primary fenced by a fail-over tool): such a connection is closed, whoever
+        // saw or did not see a 25006 on it, and the pool opens one on the primary.
+        let read_only = conn
+            .client
+            .simple_query("SHOW transaction_read_only")
+            .await?
+            .iter()
+            .any(|m| matches!(m, tokio_postgres::SimpleQueryMessage::Row(r) if r.get(0) == Some("on")));
+        if read_only {
+            conn.read_only = true;
+            return Err(StoreError::ReadOnlyServer);
+        }
         conn.checked_at = Instant::now();
         Ok(())
     }

@@ -326,6 +326,65 @@ async fn drain_dead_letters(
     out
 }
 
+/// The engine trusts no price from the queue: a message whose price or currency
+/// differs from the SKU's, or whose order expiry is later than its reservation time
+/// plus the activity's order TTL, is dead-lettered with the reason and makes no
+/// order; the valid messages of the same batch are not held back.
+#[actix_rt::test]
+async fn a_message_that_contradicts_the_sku_is_dead_lettered_and_makes_nothing() {
+    let env = TestEnv::new().await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 64, 1, 100, 1).await;
+    let valid: Vec<_> = (1..=10).map(|u| order(64, 1, u, 0)).collect();
+    let cheap = OrderCreateMessage {
+        unit_price: 1,
+        ..order(64, 1, 11, 0)
+    };
+    let dollars = OrderCreateMessage {
+        currency: "USD".into(),
+        ..order(64, 1, 12, 0)
+    };
+    let mut forever = order(64, 1, 13, 0);
+    forever.order_expire_at = forever.reserved_at + chrono::TimeDelta::hours(2);
+    let mut msgs = valid.clone();
+    msgs.insert(3, cheap);
+    msgs.insert(7, dollars);
+    msgs.push(forever);
+    let engine = EngineHandle::start(&env.settings).await;
+    let amqp = env.amqp().await;
+    builders::publish(&env, &amqp, &msgs).await;
+    let channel = amqp.create_channel().await.unwrap();
+    assert!(
+        env.wait_ready_count(&channel, &env.names.order_dead_queue(), 3)
+            .await,
+        "three dead letters"
+    );
+    wait_inbox(&db, 10).await;
+    engine.stop().await;
+    let dead = drain_dead_letters(&env, &channel).await;
+    let reasons: Vec<&str> = dead.iter().map(|(_, reason, _)| reason.as_str()).collect();
+    assert_eq!(
+        reasons
+            .iter()
+            .filter(|r| r.contains("the SKU costs 1999 CNY"))
+            .count(),
+        2,
+        "{reasons:?}"
+    );
+    assert_eq!(
+        reasons.iter().filter(|r| r.contains("order TTL")).count(),
+        1,
+        "{reasons:?}"
+    );
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 10);
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM orders WHERE user_id > 10").await,
+        0
+    );
+    seckill_engine::mq::close(&amqp, &[&channel]).await;
+    finish(env, &db).await;
+}
+
 #[actix_rt::test]
 async fn poison_messages_are_dead_lettered_with_their_reason_and_valid_ones_still_work() {
     let env = TestEnv::new().await;

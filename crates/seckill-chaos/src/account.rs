@@ -42,7 +42,7 @@ pub async fn prepare(settings: &Settings, plan: &Plan) -> anyhow::Result<()> {
             currency: "CNY".into(),
             starts_at: now - chrono::TimeDelta::minutes(1),
             ends_at: now + chrono::TimeDelta::hours(2),
-            order_ttl_ms: 900_000,
+            order_ttl_ms: 3_600_000,
         },
     )
     .await?;

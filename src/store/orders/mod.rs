@@ -210,6 +210,39 @@ fn segments<'i, 'a>(inputs: &'i [OrderInput<'a>]) -> Vec<&'i [OrderInput<'a>]> {
     out
 }
 
+/// What the bucket actor caches of its SKU: the title the order rows carry, and the
+/// price and order TTL a message must agree with. The engine trusts no price from
+/// the queue: whoever can publish to it must not be able to set what an order costs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SkuSnapshot {
+    pub title: String,
+    pub unit_price: i64,
+    pub currency: String,
+    /// The activity's order TTL (`rules.order_ttl_ms`).
+    pub order_ttl_ms: i64,
+}
+
+impl SkuSnapshot {
+    /// Why `msg` contradicts the SKU, if it does: another price or currency, or an
+    /// order expiry later than its reservation time plus the activity's order TTL.
+    pub fn contradiction(&self, msg: &OrderCreateMessage) -> Option<String> {
+        if msg.unit_price != self.unit_price || msg.currency != self.currency {
+            return Some(format!(
+                "the message prices the order at {} {}, the SKU costs {} {}",
+                msg.unit_price, msg.currency, self.unit_price, self.currency
+            ));
+        }
+        let latest = msg.reserved_at + chrono::TimeDelta::milliseconds(self.order_ttl_ms);
+        if msg.order_expire_at > latest {
+            return Some(format!(
+                "order_expire_at {} is later than reserved_at {} plus the activity's order TTL of {} ms",
+                msg.order_expire_at, msg.reserved_at, self.order_ttl_ms
+            ));
+        }
+        None
+    }
+}
+
 /// The SKU snapshot the bucket actor caches: `None` when the (activity, sku, bucket)
 /// does not exist, which makes the message poison.
 pub async fn load_bucket_sku(
@@ -217,7 +250,7 @@ pub async fn load_bucket_sku(
     activity_id: i64,
     sku_id: i64,
     bucket: i16,
-) -> Result<Option<String>, StoreError> {
+) -> Result<Option<SkuSnapshot>, StoreError> {
     let PgConn {
         client, statements, ..
     } = conn;
@@ -225,5 +258,10 @@ pub async fn load_bucket_sku(
     let row = client
         .query_opt(&stmt, &[&activity_id, &sku_id, &bucket])
         .await?;
-    Ok(row.map(|r| r.get(0)))
+    Ok(row.map(|r| SkuSnapshot {
+        title: r.get(0),
+        unit_price: r.get(1),
+        currency: r.get(2),
+        order_ttl_ms: r.get(3),
+    }))
 }

@@ -24,9 +24,11 @@ RETURNING available_stock + $4 AS before_available,
 }
 
 pub(super) const LOAD_BUCKET_SKU: &str = "
-SELECT s.sku_title
+SELECT s.sku_title, s.unit_price, s.currency,
+       coalesce((a.rules->>'order_ttl_ms')::bigint, 900000)
 FROM sku_inventory AS i
 JOIN seckill_sku AS s ON s.activity_id = i.activity_id AND s.sku_id = i.sku_id
+JOIN seckill_activity AS a ON a.activity_id = s.activity_id
 WHERE i.activity_id = $1 AND i.sku_id = $2 AND i.bucket_no = $3";
 
 /// The transaction's timeouts (seed §9.11), and its planner settings. A prepared
