@@ -66,6 +66,12 @@ pub enum ActivityCommand {
     /// Create an activity with one SKU split into inventory buckets, and load the
     /// per-bucket stock into Redis for the front stage.
     Create(CreateActivity),
+    /// End an activity now: front stages answer 409 SALE_CLOSED within a second;
+    /// orders already made are paid or cancelled at their expiry as usual.
+    Close {
+        #[arg(long)]
+        activity: i64,
+    },
 }
 
 #[derive(Debug, Args)]
@@ -126,6 +132,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                     Command::Validate => validate(&settings, cli.config.as_deref()).await,
                     Command::Activity(ActivityCommand::Create(args)) => {
                         activity_create(&settings, args).await
+                    }
+                    Command::Activity(ActivityCommand::Close { activity }) => {
+                        activity_close(&settings, activity).await
                     }
                     Command::Check { activity, redis } => check(&settings, activity, redis).await,
                     Command::Reshard { shards } => reshard(&settings, shards).await,
@@ -315,6 +324,31 @@ async fn activity_create(settings: &Settings, args: CreateActivity) -> anyhow::R
         spec.activity_id, spec.sku_id, spec.stock, spec.buckets
     );
     Ok(ExitCode::SUCCESS)
+}
+
+async fn activity_close(settings: &Settings, activity_id: i64) -> anyhow::Result<ExitCode> {
+    use crate::store::activity::{close_activity, Closed};
+    let config = store::pg_config(&settings.database)?;
+    let mut client = store::connect(&config)
+        .await
+        .context("connecting to PostgreSQL")?;
+    migrate::verify(&mut client).await?;
+    Ok(match close_activity(&client, activity_id).await? {
+        Closed::Now => {
+            println!(
+                "closed activity {activity_id}: front stages answer SALE_CLOSED within a second"
+            );
+            ExitCode::SUCCESS
+        }
+        Closed::Already => {
+            println!("activity {activity_id} was closed already");
+            ExitCode::SUCCESS
+        }
+        Closed::Unknown => {
+            eprintln!("error: no activity {activity_id}");
+            ExitCode::FAILURE
+        }
+    })
 }
 
 async fn check(

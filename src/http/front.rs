@@ -49,7 +49,8 @@ pub struct FrontStage {
     ids: std::sync::Arc<IdGenerator>,
     settings: FrontstageSettings,
     marker_ttl_secs: u64,
-    skus: Mutex<HashMap<(i64, i64), Arc<Sku>>>,
+    /// What was read of each SKU, and when; `None`: no such SKU.
+    skus: Mutex<HashMap<(i64, i64), CachedSku>>,
     auth: Authenticator,
     limits: Limits,
     /// `frontstage.purchase_token.secret` when tokens are required.
@@ -93,6 +94,8 @@ const PURCHASE_TOKEN: &str = "X-Purchase-Token";
 
 /// What a reservation needs to know of its SKU; cached after the first request.
 type Sku = reads::SkuInfo;
+/// When a SKU was read, and what was found (`None`: no such SKU).
+type CachedSku = (std::time::Instant, Option<Arc<Sku>>);
 
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -234,14 +237,25 @@ impl FrontStage {
         Ok(current.1.clone())
     }
 
+    /// The SKU as cached, read again once the entry is `SKU_REFRESH` old (so an
+    /// `activity close` takes effect within it); an unknown SKU is remembered as
+    /// unknown for `SKU_UNKNOWN_FOR`, so a flood of requests for SKUs that do not
+    /// exist costs one read each per that time, not one per request.
     async fn sku(&self, activity_id: i64, sku_id: i64) -> Result<Option<Arc<Sku>>, HttpResponse> {
-        if let Some(sku) = self
+        let cached = self
             .skus
             .lock()
             .ok()
-            .and_then(|m| m.get(&(activity_id, sku_id)).cloned())
-        {
-            return Ok(Some(sku));
+            .and_then(|m| m.get(&(activity_id, sku_id)).cloned());
+        if let Some((read_at, sku)) = cached {
+            let fresh_for = if sku.is_some() {
+                SKU_REFRESH
+            } else {
+                SKU_UNKNOWN_FOR
+            };
+            if read_at.elapsed() < fresh_for {
+                return Ok(sku);
+            }
         }
         let conn = self
             .pool
@@ -251,14 +265,21 @@ impl FrontStage {
         let found = reads::load_sku(&conn.client, activity_id, sku_id)
             .await
             .map_err(|_| unavailable("database unavailable"))?;
-        let Some(sku) = found else { return Ok(None) };
-        let sku = Arc::new(sku);
+        let sku = found.map(Arc::new);
         if let Ok(mut skus) = self.skus.lock() {
-            skus.insert((activity_id, sku_id), sku.clone());
+            skus.insert(
+                (activity_id, sku_id),
+                (std::time::Instant::now(), sku.clone()),
+            );
         }
-        Ok(Some(sku))
+        Ok(sku)
     }
 }
+
+/// How long the front stage answers from what it read of a SKU.
+const SKU_REFRESH: Duration = Duration::from_millis(500);
+/// How long an unknown SKU stays unknown without asking PostgreSQL again.
+const SKU_UNKNOWN_FOR: Duration = Duration::from_secs(1);
 
 /// 503: a store is unavailable for now; `Retry-After` says when to try again (the
 /// Redis connection reconnects within about a second, the broker's within the
@@ -325,6 +346,9 @@ async fn reserve(
         Err(response) => return response,
     };
     let now = Utc::now();
+    if sku.closed {
+        return HttpResponse::Conflict().json(json!({"status": "SALE_CLOSED"}));
+    }
     if now < sku.start_at || now >= sku.end_at {
         return HttpResponse::Conflict().json(json!({"status": "NOT_ACTIVE"}));
     }
@@ -520,7 +544,7 @@ async fn purchase_token_for(
         return HttpResponse::Conflict()
             .json(json!({"status": "NOT_STARTED", "starts_at": sku.start_at}));
     }
-    if now >= sku.end_at {
+    if now >= sku.end_at || sku.closed {
         return HttpResponse::Conflict().json(json!({"status": "SALE_CLOSED"}));
     }
     let keys = SkuKeys::new(&front.key_prefix, activity_id, sku_id);

@@ -125,6 +125,51 @@ pub async fn create_activity(
     Ok(split)
 }
 
+/// What `close_activity` found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Closed {
+    /// The activity is ended now.
+    Now,
+    /// It was ended or cancelled already.
+    Already,
+    /// No such activity.
+    Unknown,
+}
+
+/// Ends an activity (status `Ended`): its front stages stop selling within a
+/// second (they re-read what they cache of a SKU that often). Orders already made
+/// keep their course: payment, or cancellation at their expiry.
+pub async fn close_activity(
+    client: &Client,
+    activity_id: i64,
+) -> Result<Closed, tokio_postgres::Error> {
+    let ended = ActivityStatus::Ended.code();
+    let cancelled = ActivityStatus::Cancelled.code();
+    let changed = client
+        .execute(
+            "UPDATE seckill_activity
+                SET status = $2, updated_at = statement_timestamp(), version = version + 1
+              WHERE activity_id = $1 AND status NOT IN ($2, $3)",
+            &[&activity_id, &ended, &cancelled],
+        )
+        .await?;
+    if changed > 0 {
+        return Ok(Closed::Now);
+    }
+    let exists = client
+        .query_opt(
+            "SELECT 1 FROM seckill_activity WHERE activity_id = $1",
+            &[&activity_id],
+        )
+        .await?
+        .is_some();
+    Ok(if exists {
+        Closed::Already
+    } else {
+        Closed::Unknown
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::split_stock;

@@ -16,6 +16,8 @@ pub struct SkuInfo {
     pub order_ttl_ms: i64,
     pub start_at: DateTime<Utc>,
     pub end_at: DateTime<Utc>,
+    /// The activity was ended or cancelled (`activity close`).
+    pub closed: bool,
 }
 
 pub async fn load_sku(
@@ -33,6 +35,7 @@ pub async fn load_sku(
             order_ttl_ms: row.get(3),
             start_at: row.get(4),
             end_at: row.get(5),
+            closed: row.get(6),
         }))
 }
 
@@ -140,7 +143,8 @@ pub async fn replay_age_ms(client: &Client) -> Result<Option<i64>, tokio_postgre
 
 const LOAD_SKU: &str = "
 SELECT s.inventory_bucket_count, s.unit_price, s.currency,
-       coalesce((a.rules->>'order_ttl_ms')::bigint, 900000), a.start_at, a.end_at
+       coalesce((a.rules->>'order_ttl_ms')::bigint, 900000), a.start_at, a.end_at,
+       a.status IN (30, 40)
 FROM seckill_sku AS s
 JOIN seckill_activity AS a ON a.activity_id = s.activity_id
 WHERE s.activity_id = $1 AND s.sku_id = $2";

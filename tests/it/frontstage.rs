@@ -744,6 +744,59 @@ async fn reservations_come_back_by_themselves_after_the_redis_connection_drops()
     env.cleanup().await;
 }
 
+/// `activity close` ends a sale: within a second the front stage answers 409
+/// SALE_CLOSED to reservations and purchase tokens, without a restart.
+#[actix_rt::test]
+async fn a_closed_activity_stops_selling_within_a_second() {
+    let env = TestEnv::new().await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 65, 1, 5, 1).await;
+    let keys = SkuKeys::new(&env.settings.redis.key_prefix, 65, 1);
+    let mut redis = env.redis().await;
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[5])
+        .await
+        .unwrap();
+    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
+    let ids = std::sync::Arc::new(seckill_engine::domain::ids::IdGenerator::new(1003));
+    let engine = EngineHandle::start(&env.settings).await;
+    let running = seckill_engine::http::front::start(&env.settings, pool, ids)
+        .await
+        .unwrap();
+    let handle = running.server.handle();
+    actix_rt::spawn(running.server);
+    let front = Front::new(running.addr, &env.settings);
+    let late = front.purchase_token(65, 2).await;
+    assert_eq!(front.reserve(65, 1, Uuid::now_v7()).await.0, 202);
+
+    let closed = seckill_engine::store::activity::close_activity(&db, 65)
+        .await
+        .unwrap();
+    assert_eq!(closed, seckill_engine::store::activity::Closed::Now);
+    let at = std::time::Instant::now();
+    let stopped = wait_until(Duration::from_secs(1), || async {
+        let (status, body) = front.reserve_with(65, 2, Uuid::now_v7(), Some(&late)).await;
+        status == 409 && body["status"] == "SALE_CLOSED"
+    })
+    .await;
+    assert!(stopped, "still selling {:?} after the close", at.elapsed());
+    let (status, body) = front
+        .get("/v1/activities/65/skus/1/purchase-token", Some(3))
+        .await;
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (409, Some("SALE_CLOSED"))
+    );
+    assert_eq!(
+        seckill_engine::store::activity::close_activity(&db, 65)
+            .await
+            .unwrap(),
+        seckill_engine::store::activity::Closed::Already
+    );
+    handle.stop(true).await;
+    engine.stop().await;
+    env.cleanup().await;
+}
+
 #[actix_rt::test]
 async fn a_failed_publish_gives_the_reservation_back_and_answers_503() {
     let env = TestEnv::new().await;
