@@ -161,7 +161,7 @@ async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
         db.pool_size = settings.frontstage.db_pool_size;
         store::build_pool(&db).context("the front stage's pool")?
     };
-    let front = crate::http::front::start(&settings, front_pool, engine.ids())
+    let front = crate::http::front::start(&settings, front_pool, engine.ids(), engine.readiness())
         .await
         .context("starting the front stage")?;
     let http = front.server.handle();

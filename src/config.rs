@@ -75,6 +75,8 @@ pub struct FrontstageSettings {
     pub reconcile_interval_ms: u64,
     /// Connections of the front stage's own pool (`serve`), apart from the engine's.
     pub db_pool_size: u32,
+    /// How long a SKU the reserve script found sold out is answered from memory.
+    pub sold_out_recheck_ms: u64,
     pub auth: AuthSettings,
     pub rate_limit: RateLimitSettings,
     pub purchase_token: PurchaseTokenSettings,
@@ -337,6 +339,12 @@ impl Settings {
             return Err(invalid(
                 "database.replica_max_lag_ms",
                 "must be at most 3600000".into(),
+            ));
+        }
+        if self.frontstage.sold_out_recheck_ms > 5_000 {
+            return Err(invalid(
+                "frontstage.sold_out_recheck_ms",
+                "must be at most 5000 (units can come back; 0 turns the memory off)".into(),
             ));
         }
         if !(1..=64).contains(&self.frontstage.db_pool_size) {

@@ -485,7 +485,16 @@ pub fn background_services(
         let (pool, redis) = (pool.clone(), settings.redis.clone());
         let interval = Duration::from_millis(settings.frontstage.reconcile_interval_ms);
         let marker_ttl = settings.compensation.released_marker_ttl_secs;
-        child(move || Reconciler::new(pool.clone(), redis.clone(), interval, marker_ttl))
+        let reservation_ttl = Duration::from_millis(settings.frontstage.reservation_ttl_ms);
+        child(move || {
+            Reconciler::new(
+                pool.clone(),
+                redis.clone(),
+                interval,
+                marker_ttl,
+                reservation_ttl,
+            )
+        })
     };
     Supervisor::new(
         Duration::from_millis(settings.supervisor.restart_base_ms),

@@ -6,6 +6,27 @@
 //! The points: `after_commit_before_ack` (intake), `publish_before_confirm` (every
 //! confirmed publish), `outbox_after_confirm_before_sent` (outbox publisher),
 //! `sweeper_between_claim_and_update`, `compensation_after_redis_before_done`.
+//!
+//! Points that do not abort (`failpoint_for!`), armed by in-process tests for one
+//! activity: `frontstage_confirm_lost` (the front stage's publish was confirmed, and
+//! is treated as if its confirm had been lost).
+
+/// Whether the named point is armed as `return(ARG)` with ARG equal to the given
+/// value (its `Display`): a fault an in-process test injects for its own activity
+/// only, since the tests share one process. Always false without the feature.
+#[macro_export]
+macro_rules! failpoint_for {
+    ($name:literal, $arg:expr) => {{
+        #[cfg(feature = "chaos")]
+        let armed = $crate::failpoints::armed_for($name, &$arg);
+        #[cfg(not(feature = "chaos"))]
+        let armed = {
+            let _ = &$arg;
+            false
+        };
+        armed
+    }};
+}
 
 /// Aborts the process if the named point is armed.
 #[macro_export]
@@ -23,6 +44,17 @@ pub fn check(name: &str) {
         eprintln!("failpoint {name}: aborting the process");
         std::process::abort();
     }
+}
+
+#[cfg(feature = "chaos")]
+pub fn armed_for(name: &str, arg: &dyn std::fmt::Display) -> bool {
+    fail::eval(name, |value| value) == Some(Some(arg.to_string()))
+}
+
+/// Arms one point in this process (`fail::cfg`'s syntax), for in-process tests.
+#[cfg(feature = "chaos")]
+pub fn set(name: &str, actions: &str) -> Result<(), String> {
+    fail::cfg(name, actions)
 }
 
 /// Arms the points named in `FAILPOINTS`; the returned guard keeps them armed.

@@ -115,6 +115,9 @@ pub struct Readiness {
     /// (`store::primary`): no writable primary, a stalled COMMIT, no synchronous
     /// standby, no connection.
     postgres: std::sync::Mutex<Option<String>>,
+    /// The front stage's own Redis and broker links, when one runs in this process:
+    /// `None` until it reports, then its problem, if any (`http::front`).
+    frontstage: std::sync::Mutex<Option<Option<String>>>,
     ids: OnceLock<Arc<IdGenerator>>,
     shards: Shards,
 }
@@ -125,6 +128,7 @@ impl Default for Readiness {
             ready: AtomicBool::new(true),
             paused: AtomicBool::new(false),
             postgres: std::sync::Mutex::new(None),
+            frontstage: std::sync::Mutex::new(None),
             ids: OnceLock::new(),
             shards: Shards::default(),
         }
@@ -158,6 +162,23 @@ impl Readiness {
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let changed = *held != problem;
         *held = problem;
+        changed
+    }
+    /// The front stage's last report: `None` if none runs here, else its problem.
+    pub fn frontstage_problem(&self) -> Option<Option<String>> {
+        self.frontstage
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+    /// Records what the front stage found of its links; whether it changed.
+    pub fn set_frontstage(&self, problem: Option<String>) -> bool {
+        let mut held = self
+            .frontstage
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let changed = held.as_ref() != Some(&problem);
+        *held = Some(problem);
         changed
     }
     /// Sets the monitor's answer; returns the previous value.

@@ -73,7 +73,8 @@ async fn livez() -> HttpResponse {
 
 /// One shape for every part that reports readiness:
 /// `{"ready": bool, "node_id": N, "active_shards": [..], "checks": {"postgres":
-/// "ok"|reason, "rabbitmq": .., "redis": .., "intake": .., "node_id": ..}}`. 200 when
+/// "ok"|reason, "rabbitmq": .., "redis": .., "frontstage": .. (when one runs in this
+/// process: its own Redis and broker links), "intake": .., "node_id": ..}}`. 200 when
 /// every check is "ok"; 503 otherwise (an operator pause included). Standing by for
 /// shards another instance is active on is ready.
 async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
@@ -112,6 +113,14 @@ async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
         Err(e) => e.to_string(),
     };
     checks.insert("redis".into(), json!(redis));
+    // The front stage's own connections: its buyers get 503s while one is down,
+    // whatever the engine's are doing.
+    if let Some(front) = admin.readiness.frontstage_problem() {
+        checks.insert(
+            "frontstage".into(),
+            json!(front.unwrap_or_else(|| OK.to_owned())),
+        );
+    }
     checks.insert(
         "intake".into(),
         json!(if paused { "paused by an operator" } else { OK }),

@@ -30,10 +30,11 @@ use crate::domain::shard::shard_for;
 use crate::mq::publisher::ConfirmedPublisher;
 use crate::mq::topology::Names;
 use crate::redis::commands;
-use crate::redis::keys::SkuKeys;
+use crate::redis::keys::{PendingMember, SkuKeys};
 use crate::redis::scripts::{self, Reserved};
-use crate::store::reads;
+use crate::status::Readiness;
 use crate::store::Pool;
+use crate::store::{reads, reconcile};
 
 /// What the handlers share.
 pub struct FrontStage {
@@ -51,12 +52,18 @@ pub struct FrontStage {
     marker_ttl_secs: u64,
     /// What was read of each SKU, and when; `None`: no such SKU.
     skus: Mutex<HashMap<(i64, i64), CachedSku>>,
+    /// When the reserve script last found each SKU sold out.
+    sold_out: Mutex<HashMap<(i64, i64), std::time::Instant>>,
+    sold_out_recheck: Duration,
     auth: Authenticator,
     limits: Limits,
     /// `frontstage.purchase_token.secret` when tokens are required.
     purchase_secret: Option<secrecy::SecretString>,
     replica: Option<Replica>,
     replica_max_lag_ms: i64,
+    /// Where the state of the front stage's own Redis and broker links is reported
+    /// (`/readyz`).
+    readiness: Arc<Readiness>,
 }
 
 /// A request turned away before any store was asked.
@@ -140,6 +147,7 @@ impl FrontStage {
         settings: &Settings,
         pool: Pool,
         ids: std::sync::Arc<IdGenerator>,
+        readiness: Arc<Readiness>,
     ) -> Result<Self, HttpError> {
         let auth = Authenticator::new(&settings.frontstage.auth, &settings.http.addr)?;
         let tokens = &settings.frontstage.purchase_token;
@@ -172,13 +180,46 @@ impl FrontStage {
             settings: settings.frontstage.clone(),
             marker_ttl_secs: settings.compensation.released_marker_ttl_secs,
             skus: Mutex::new(HashMap::new()),
+            sold_out: Mutex::new(HashMap::new()),
+            sold_out_recheck: Duration::from_millis(settings.frontstage.sold_out_recheck_ms),
             auth,
             limits: Limits::new(&settings.frontstage.rate_limit),
             purchase_secret,
             replica,
             replica_max_lag_ms: i64::try_from(settings.database.replica_max_lag_ms)
                 .unwrap_or(i64::MAX),
+            readiness,
         })
+    }
+
+    /// Checks the front stage's own links once and reports them (`/readyz`): Redis
+    /// answers a PING, and the broker channel is open (reopened here if it was
+    /// closed, so the first buyer after a blip does not pay for it).
+    async fn check_links(&self) {
+        let mut redis = self.redis.clone();
+        let redis = match tokio::time::timeout(LINK_CHECK_TIMEOUT, commands::ping(&mut redis)).await
+        {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(format!("redis: {e}")),
+            Err(_) => Some("redis: no answer within 1 s".to_owned()),
+        };
+        let broker = match tokio::time::timeout(LINK_CHECK_TIMEOUT, self.publisher()).await {
+            Ok(Ok(_)) => None,
+            Ok(Err(e)) => Some(format!("rabbitmq: {e}")),
+            Err(_) => Some("rabbitmq: no channel within 1 s".to_owned()),
+        };
+        let problem = match (redis, broker) {
+            (None, None) => None,
+            (Some(r), None) => Some(r),
+            (None, Some(b)) => Some(b),
+            (Some(r), Some(b)) => Some(format!("{r}; {b}")),
+        };
+        if self.readiness.set_frontstage(problem.clone()) {
+            match &problem {
+                Some(problem) => tracing::warn!(%problem, "front stage link down; answering 503"),
+                None => tracing::info!("front stage links up"),
+            }
+        }
     }
 
     /// The user a request speaks for, once the address limit, the credentials and
@@ -237,6 +278,24 @@ impl FrontStage {
         Ok(current.1.clone())
     }
 
+    /// Whether the reserve script found the SKU sold out less than
+    /// `frontstage.sold_out_recheck_ms` ago. Units can come back (a rejected or cancelled order, a released
+    /// reservation), so the memory is short: the first request after it runs the
+    /// script again.
+    fn known_sold_out(&self, sku: (i64, i64)) -> bool {
+        self.sold_out
+            .lock()
+            .ok()
+            .and_then(|m| m.get(&sku).copied())
+            .is_some_and(|at| at.elapsed() < self.sold_out_recheck)
+    }
+
+    fn mark_sold_out(&self, sku: (i64, i64)) {
+        if let Ok(mut m) = self.sold_out.lock() {
+            m.insert(sku, std::time::Instant::now());
+        }
+    }
+
     /// The SKU as cached, read again once the entry is `SKU_REFRESH` old (so an
     /// `activity close` takes effect within it); an unknown SKU is remembered as
     /// unknown for `SKU_UNKNOWN_FOR`, so a flood of requests for SKUs that do not
@@ -275,6 +334,11 @@ impl FrontStage {
         Ok(sku)
     }
 }
+
+/// How often the front stage checks its own Redis and broker links, and how long a
+/// check may take.
+const LINK_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+const LINK_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 
 /// How long the front stage answers from what it read of a SKU.
 const SKU_REFRESH: Duration = Duration::from_millis(500);
@@ -353,6 +417,22 @@ async fn reserve(
         return HttpResponse::Conflict().json(json!({"status": "NOT_ACTIVE"}));
     }
     let keys = SkuKeys::new(&front.key_prefix, activity_id, sku_id);
+    let mut redis = front.redis.clone();
+    if front.known_sold_out((activity_id, sku_id)) {
+        // Sold out a moment ago: one read, so that a retried request still gets its
+        // first answer, instead of the script over every bucket.
+        return match commands::request_answer(&mut redis, &keys, user_id, &req.request_id).await {
+            Ok(Some(answer)) => accepted(&answer),
+            Ok(None) => {
+                metrics::counter!(crate::telemetry::names::SOLD_OUT_FROM_MEMORY_TOTAL).increment(1);
+                HttpResponse::Conflict().json(json!({"status": "SOLD_OUT"}))
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "Redis replay read failed");
+                unavailable("reservation store unavailable")
+            }
+        };
+    }
     let reservation_id = Uuid::now_v7();
     let Ok(order_id) = front.ids.next_id() else {
         // The engine's node id lease is not current: minting would risk a duplicate.
@@ -360,7 +440,6 @@ async fn reserve(
     };
     let order_no = order_no(order_id);
     let ttl_ms = front.settings.reservation_ttl_ms as i64;
-    let mut redis = front.redis.clone();
     let reserved = scripts::reserve(
         &mut redis,
         &keys,
@@ -380,7 +459,8 @@ async fn reserve(
             return HttpResponse::Conflict().json(json!({"status": "ALREADY_RESERVED"}))
         }
         Ok(Reserved::SoldOut) => {
-            return HttpResponse::Conflict().json(json!({"status": "SOLD_OUT"}))
+            front.mark_sold_out((activity_id, sku_id));
+            return HttpResponse::Conflict().json(json!({"status": "SOLD_OUT"}));
         }
         Err(e) => {
             tracing::warn!(error = %e, "Redis reservation failed");
@@ -408,39 +488,115 @@ async fn reserve(
         reservation_ttl_ms: ttl_ms,
         order_expire_at: now + TimeDelta::milliseconds(sku.order_ttl_ms),
     };
-    let published = publish(&front, &msg).await;
-    if let Err(e) = published {
-        // Nothing was queued: hand the unit back so it can be sold again.
-        tracing::warn!(error = %e, %reservation_id, "order message not accepted by the broker; giving the reservation back");
-        let given_back = scripts::give_back(
-            &mut redis,
-            &keys,
-            bucket,
-            reservation_id,
-            user_id,
-            front.marker_ttl_secs,
-        )
-        .await;
-        let forgot = commands::forget_request(&mut redis, &keys, user_id, &req.request_id).await;
-        if given_back.is_err() || forgot.is_err() {
-            tracing::error!(%reservation_id, "could not give a failed reservation back to Redis; reconciliation will");
+    let pending = PendingMember {
+        reservation_id,
+        user_id,
+        bucket,
+        request_id: Some(req.request_id),
+    };
+    match publish(&front, &msg).await {
+        Ok(()) => {}
+        Err(Published::Unknown(e)) => {
+            // The broker may hold the message: giving the unit back could sell it
+            // twice. The reservation stays pending; if no message reaches the engine,
+            // the reconciler releases it in PostgreSQL and gives the unit back after
+            // its TTL. A retry of the same request replays the 202.
+            tracing::warn!(error = %e, %reservation_id, "order message sent but not confirmed; the reservation is kept for reconciliation");
+            mark_queued(&front, &mut redis, &msg, ttl_ms).await;
+            return HttpResponse::ServiceUnavailable()
+                .insert_header((actix_web::http::header::RETRY_AFTER, "1"))
+                .json(json!({
+                    "status": "UNAVAILABLE",
+                    "error": "the order queue did not confirm; retry the same request_id to learn the outcome",
+                    "reservation_id": reservation_id,
+                }));
         }
-        return unavailable("order queue unavailable, reservation released; try again");
+        Err(Published::NotQueued(e)) => {
+            tracing::warn!(error = %e, %reservation_id, "order message not accepted by the broker; releasing the reservation");
+            return release_unqueued(
+                &front,
+                &mut redis,
+                &keys,
+                &pending,
+                (activity_id, sku_id),
+                now,
+            )
+            .await;
+        }
     }
-    // Lets the status query tell a queued reservation from an unknown one.
-    let _ = commands::mark_queued(
-        &mut redis,
-        &front.key_prefix,
-        &reservation_id,
-        (activity_id, sku_id, user_id),
-        ttl_ms.saturating_mul(2),
-    )
-    .await;
+    mark_queued(&front, &mut redis, &msg, ttl_ms).await;
     accepted(&answer)
 }
 
-async fn publish(front: &FrontStage, msg: &OrderCreateMessage) -> Result<(), String> {
-    let body = serde_json::to_vec(msg).map_err(|e| e.to_string())?;
+/// Lets the status query tell a queued reservation from an unknown one.
+async fn mark_queued(
+    front: &FrontStage,
+    redis: &mut ::redis::aio::ConnectionManager,
+    msg: &OrderCreateMessage,
+    ttl_ms: i64,
+) {
+    let _ = commands::mark_queued(
+        redis,
+        &front.key_prefix,
+        &msg.reservation_id,
+        (msg.activity_id, msg.sku_id, msg.user_id),
+        ttl_ms.saturating_mul(2),
+    )
+    .await;
+}
+
+/// The broker does not hold the reservation's message: record the reservation
+/// RELEASED in PostgreSQL, then give its unit back and forget the request, so the
+/// buyer can try again at once. Without PostgreSQL the unit stays reserved and the
+/// reconciler settles it after its TTL (docs/DESIGN.md, "Redis give-backs").
+async fn release_unqueued(
+    front: &FrontStage,
+    redis: &mut ::redis::aio::ConnectionManager,
+    keys: &SkuKeys,
+    pending: &PendingMember,
+    (activity_id, sku_id): (i64, i64),
+    now: chrono::DateTime<Utc>,
+) -> HttpResponse {
+    let unseen = reconcile::Unseen {
+        reservation_id: pending.reservation_id,
+        request_id: pending.request_id,
+        activity_id,
+        sku_id,
+        user_id: pending.user_id,
+        bucket: pending.bucket,
+        reserved_at: now,
+        expires_at: now + TimeDelta::milliseconds(front.settings.reservation_ttl_ms as i64),
+    };
+    let fenced = match front.pool.get().await {
+        Ok(conn) => reconcile::fence(&conn.client, std::slice::from_ref(&unseen))
+            .await
+            .map(|won| won.contains(&pending.reservation_id)),
+        Err(_) => Ok(false),
+    };
+    if !matches!(fenced, Ok(true)) {
+        return unavailable("order queue unavailable; try again");
+    }
+    let given_back = scripts::give_back(redis, keys, pending, front.marker_ttl_secs).await;
+    let request_id = pending.request_id.unwrap_or_default();
+    let forgot = commands::forget_request(redis, keys, pending.user_id, &request_id).await;
+    if given_back.is_err() || forgot.is_err() {
+        // Released in PostgreSQL: the reconciler gives the unit back (its pending
+        // entry is still there), and a retry replays this request's answer.
+        tracing::warn!(reservation_id = %pending.reservation_id, "released reservation not yet given back to Redis; the reconciler will");
+    }
+    unavailable("order queue unavailable, reservation released; try again")
+}
+
+/// How a publish ended when it did not succeed.
+enum Published {
+    /// The broker does not hold the message (never sent, refused, unroutable).
+    NotQueued(String),
+    /// Sent, but not confirmed: the broker may hold it.
+    Unknown(String),
+}
+
+async fn publish(front: &FrontStage, msg: &OrderCreateMessage) -> Result<(), Published> {
+    let body = serde_json::to_vec(msg).map_err(|e| Published::NotQueued(e.to_string()))?;
     let shard = shard_for(
         msg.activity_id,
         msg.sku_id,
@@ -455,8 +611,12 @@ async fn publish(front: &FrontStage, msg: &OrderCreateMessage) -> Result<(), Str
     // the publish itself: a broker that does not answer is a 503, not a request
     // that hangs.
     let publisher = match tokio::time::timeout(PUBLISH_TIMEOUT, front.publisher()).await {
-        Ok(publisher) => publisher.map_err(|e| e.to_string())?,
-        Err(_) => return Err("no broker channel within the publish timeout".into()),
+        Ok(publisher) => publisher.map_err(|e| Published::NotQueued(e.to_string()))?,
+        Err(_) => {
+            return Err(Published::NotQueued(
+                "no broker channel within the publish timeout".into(),
+            ))
+        }
     };
     let publish = publisher.publish(
         &exchange,
@@ -465,8 +625,14 @@ async fn publish(front: &FrontStage, msg: &OrderCreateMessage) -> Result<(), Str
         crate::mq::message_properties(&msg.message_id.to_string()),
     );
     match tokio::time::timeout(PUBLISH_TIMEOUT, publish).await {
-        Ok(result) => result.map_err(|e| e.to_string()),
-        Err(_) => Err("publish confirm timed out".into()),
+        Ok(Ok(())) if crate::failpoint_for!("frontstage_confirm_lost", msg.activity_id) => Err(
+            Published::Unknown("failpoint frontstage_confirm_lost".into()),
+        ),
+        Ok(Ok(())) => Ok(()),
+        Ok(Err(e)) if e.maybe_queued() => Err(Published::Unknown(e.to_string())),
+        Ok(Err(e)) => Err(Published::NotQueued(e.to_string())),
+        // The frames may have left: a confirm that does not come in time is not a no.
+        Err(_) => Err(Published::Unknown("publish confirm timed out".into())),
     }
 }
 
@@ -805,13 +971,17 @@ pub fn check_settings(settings: &Settings) -> Result<String, String> {
 
 /// Starts the front stage. Its Redis and AMQP connections are opened here, on the
 /// caller's (long-lived) arbiter, and shared by the workers. It mints order ids with
-/// `ids`: the engine's generator, under the engine's node id lease.
+/// `ids`: the engine's generator, under the engine's node id lease; it reports its
+/// links to `readiness` (the engine's, so that `/readyz` shows them).
 pub async fn start(
     settings: &Settings,
     pool: Pool,
     ids: std::sync::Arc<IdGenerator>,
+    readiness: Arc<Readiness>,
 ) -> Result<Running, HttpError> {
-    let state = web::Data::new(FrontStage::connect(settings, pool, ids).await?);
+    let state = web::Data::new(FrontStage::connect(settings, pool, ids, readiness).await?);
+    state.check_links().await;
+    watch_links(Arc::downgrade(&state.clone().into_inner()));
     if state.replica.is_some() {
         watch_replica(Arc::downgrade(&state.clone().into_inner()));
     }
@@ -844,6 +1014,17 @@ fn watch_replica(front: std::sync::Weak<FrontStage>) {
             front.measure_replica().await;
             drop(front);
             tokio::time::sleep(REPLICA_WATCH_INTERVAL).await;
+        }
+    });
+}
+
+/// Checks the links every `LINK_CHECK_INTERVAL` while the front stage lives.
+fn watch_links(front: std::sync::Weak<FrontStage>) {
+    actix_rt::spawn(async move {
+        loop {
+            tokio::time::sleep(LINK_CHECK_INTERVAL).await;
+            let Some(front) = front.upgrade() else { break };
+            front.check_links().await;
         }
     });
 }

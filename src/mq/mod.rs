@@ -22,6 +22,10 @@ pub enum MqError {
     ConnectTimeout(u64),
     #[error("the broker refused the message (nack)")]
     Nacked,
+    /// The message was sent, then the channel or connection failed before the
+    /// broker's confirm arrived: the broker may hold it or not.
+    #[error("no confirm for a sent message (the broker may hold it): {0}")]
+    Unconfirmed(lapin::Error),
     #[error("the message could not be routed to any queue (exchange {exchange:?}, routing key {routing_key:?})")]
     Unroutable {
         exchange: String,
@@ -30,11 +34,24 @@ pub enum MqError {
 }
 
 impl MqError {
+    /// Whether the message may be queued despite the error: a sent message whose
+    /// confirm never came, unless the broker closed the channel saying the exchange
+    /// does not exist (404). Every other error means the broker does not hold it.
+    pub fn maybe_queued(&self) -> bool {
+        match self {
+            MqError::Unconfirmed(e) => !is_404(e),
+            _ => false,
+        }
+    }
+
     /// The broker answered 404 NOT_FOUND (e.g. a passive declare of a missing queue).
     pub fn is_not_found(&self) -> bool {
-        matches!(self, MqError::Amqp(e)
-            if matches!(e.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 404))
+        matches!(self, MqError::Amqp(e) if is_404(e))
     }
+}
+
+fn is_404(e: &lapin::Error) -> bool {
+    matches!(e.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 404)
 }
 
 /// Opens a connection with `amqp.heartbeat_secs` unless the URL sets its own, within

@@ -66,7 +66,7 @@ impl ConfirmedPublisher {
             )
             .await?;
         crate::failpoint!("publish_before_confirm");
-        let confirm = pending.await?;
+        let confirm = pending.await.map_err(MqError::Unconfirmed)?;
         match confirm {
             Confirmation::Ack(None) => Ok(()),
             Confirmation::Ack(Some(_)) => Err(MqError::Unroutable {

@@ -16,26 +16,28 @@ pub async fn ping(conn: &mut impl Conn) -> Result<(), RedisError> {
 }
 
 /// Up to `limit` pending reservations whose expiry (ms since the epoch) is at most
-/// `due_ms`, each with its raw member (to remove it exactly as stored). Members not in
-/// the pending format are skipped.
+/// `due_ms`, each with its raw member (to remove it exactly as stored) and its
+/// expiry. Members not in the pending format are skipped; the second value counts
+/// every member read.
 pub async fn due_pending(
     conn: &mut impl Conn,
     keys: &SkuKeys,
     due_ms: i64,
     limit: usize,
-) -> Result<(Vec<(PendingMember, String)>, usize), RedisError> {
+) -> Result<(Vec<(PendingMember, String, i64)>, usize), RedisError> {
     let mut due = ::redis::cmd("ZRANGEBYSCORE");
     due.arg(keys.pending())
         .arg("-inf")
         .arg(due_ms)
+        .arg("WITHSCORES")
         .arg("LIMIT")
         .arg(0)
         .arg(limit);
-    let members: Vec<String> = timed("zrangebyscore", due.query_async(conn)).await?;
+    let members: Vec<(String, f64)> = timed("zrangebyscore", due.query_async(conn)).await?;
     let read = members.len();
     let parsed = members
         .into_iter()
-        .filter_map(|m| PendingMember::parse(&m).map(|p| (p, m)))
+        .filter_map(|(m, score)| PendingMember::parse(&m).map(|p| (p, m, score as i64)))
         .collect();
     Ok((parsed, read))
 }
@@ -88,6 +90,19 @@ pub async fn forget_request(
     let mut forget = ::redis::cmd("DEL");
     forget.arg(keys.request(user_id, request_id));
     timed("del", forget.query_async(conn)).await
+}
+
+/// The answer given before to this user's request, if any (the reserve script's
+/// replay, read on its own).
+pub async fn request_answer(
+    conn: &mut impl Conn,
+    keys: &SkuKeys,
+    user_id: i64,
+    request_id: &uuid::Uuid,
+) -> Result<Option<String>, RedisError> {
+    let mut get = ::redis::cmd("GET");
+    get.arg(keys.request(user_id, request_id));
+    timed("get", get.query_async(conn)).await
 }
 
 /// Marks a reservation's message as queued for `ttl_ms`, so the status query can

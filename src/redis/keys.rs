@@ -5,14 +5,16 @@
 //! `{prefix}:{activity:sku}:buckets`                number of buckets
 //! `{prefix}:{activity:sku}:users`                  hash user_id → reservation_id (one per user)
 //! `{prefix}:{activity:sku}:released:{reservation}` the reservation's unit was given back
-//! `{prefix}:{activity:sku}:pending`                zset "reservation:user:bucket" by expiry (ms)
+//! `{prefix}:{activity:sku}:pending`                zset "reservation:user:bucket:request" by expiry (ms)
 //! `{prefix}:{activity:sku}:request:{user}:{request_id}`  the answer to a user's request
 //! `{prefix}:{activity:sku}:ptokens:{user}`          purchase tokens the user fetched for the sale
 //! `{prefix}:queued:{reservation}`                  "activity:sku:user" once its message is queued
 //!
-//! A pending member is `reservation:user:bucket`: built by `PendingMember::encode`
-//! here and by the reservation script (scripts.rs, the same format in Lua), read
-//! only by `PendingMember::parse`.
+//! A pending member is `reservation:user:bucket:request`: built by
+//! `PendingMember::encode` here and by the reservation script (scripts.rs, the same
+//! format in Lua), read only by `PendingMember::parse`. The request id lets the
+//! reconciler record a reservation no message brought (store::reconcile); members
+//! written before it was added (`reservation:user:bucket`) still parse, without it.
 
 #[derive(Debug, Clone)]
 pub struct SkuKeys {
@@ -53,16 +55,6 @@ impl SkuKeys {
         format!("{}:ptokens:{user_id}", self.base)
     }
 
-    /// Member of the pending set for one reservation.
-    pub fn pending_member(reservation_id: &uuid::Uuid, user_id: i64, bucket: i16) -> String {
-        PendingMember {
-            reservation_id: *reservation_id,
-            user_id,
-            bucket,
-        }
-        .encode()
-    }
-
     /// The mark that a reservation's message was queued (outside the SKU's hash tag:
     /// the status query knows only the reservation id).
     pub fn queued(prefix: &str, reservation_id: &uuid::Uuid) -> String {
@@ -96,21 +88,33 @@ pub struct PendingMember {
     pub reservation_id: uuid::Uuid,
     pub user_id: i64,
     pub bucket: i16,
+    /// `None` in a member written before request ids were part of it.
+    pub request_id: Option<uuid::Uuid>,
 }
 
 impl PendingMember {
     pub fn encode(&self) -> String {
-        format!("{}:{}:{}", self.reservation_id, self.user_id, self.bucket)
+        match self.request_id {
+            Some(request) => format!(
+                "{}:{}:{}:{request}",
+                self.reservation_id, self.user_id, self.bucket
+            ),
+            None => format!("{}:{}:{}", self.reservation_id, self.user_id, self.bucket),
+        }
     }
 
     /// None for a member not in this format (left alone by every reader).
     pub fn parse(member: &str) -> Option<Self> {
         let mut parts = member.split(':');
-        let parsed = Self {
+        let mut parsed = Self {
             reservation_id: parts.next()?.parse().ok()?,
             user_id: parts.next()?.parse().ok()?,
             bucket: parts.next()?.parse().ok()?,
+            request_id: None,
         };
+        if let Some(request) = parts.next() {
+            parsed.request_id = Some(request.parse().ok()?);
+        }
         parts.next().is_none().then_some(parsed)
     }
 }
@@ -125,8 +129,14 @@ mod tests {
             reservation_id: uuid::Uuid::from_u128(7),
             user_id: 42,
             bucket: 3,
+            request_id: Some(uuid::Uuid::from_u128(9)),
         };
         assert_eq!(PendingMember::parse(&m.encode()), Some(m));
+        let legacy = PendingMember {
+            request_id: None,
+            ..m
+        };
+        assert_eq!(PendingMember::parse(&legacy.encode()), Some(legacy));
         assert_eq!(PendingMember::parse("x:1:2"), None);
         assert_eq!(
             PendingMember::parse(&format!("{}:1", m.reservation_id)),
@@ -136,6 +146,7 @@ mod tests {
             PendingMember::parse(&format!("{}:1:2:3", m.reservation_id)),
             None
         );
+        assert_eq!(PendingMember::parse(&format!("{}:x", m.encode())), None);
     }
 
     #[test]

@@ -7,7 +7,7 @@ use super::Conn;
 use ::redis::Script;
 use uuid::Uuid;
 
-use super::keys::SkuKeys;
+use super::keys::{PendingMember, SkuKeys};
 
 /// Gives one reserved unit back to its bucket, once per reservation: the first call
 /// sets the reservation's `released` marker, adds the unit back, frees the user's
@@ -45,7 +45,8 @@ static RESERVE: LazyLock<Script> = LazyLock::new(|| {
 -- KEYS[4 .. 4+n-1] stock of buckets 0 .. n-1
 -- ARGV[1] user id, ARGV[2] reservation id, ARGV[3] preferred bucket,
 -- ARGV[4] expiry (ms, the pending score), ARGV[5] request key ttl (s),
--- ARGV[6] the answer without its bucket ('reservation|order_id|order_no')
+-- ARGV[6] the answer without its bucket ('reservation|order_id|order_no'),
+-- ARGV[7] request id
 local prior = redis.call('GET', KEYS[3])
 if prior then return {'REPLAY', prior} end
 local holder = redis.call('HGET', KEYS[1], ARGV[1])
@@ -58,7 +59,7 @@ for i = 0, n - 1 do
   if tonumber(redis.call('GET', key) or '0') > 0 then
     redis.call('DECR', key)
     redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-    redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2] .. ':' .. ARGV[1] .. ':' .. b)
+    redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2] .. ':' .. ARGV[1] .. ':' .. b .. ':' .. ARGV[7])
     local answer = ARGV[6] .. '|' .. b
     redis.call('SET', KEYS[3], answer, 'EX', ARGV[5])
     return {'OK', answer}
@@ -114,7 +115,8 @@ pub async fn reserve(
         .arg(preferred)
         .arg(expires_at_ms)
         .arg(request_ttl_secs)
-        .arg(answer);
+        .arg(answer)
+        .arg(request_id.to_string());
     let (kind, value): (String, String) =
         super::timed("reserve", invocation.invoke_async(conn)).await?;
     Ok(match kind.as_str() {
@@ -132,24 +134,24 @@ pub fn user_bucket(user_id: i64, buckets: i16) -> i16 {
     ((mixed >> 32) % (buckets.max(1) as u64)) as i16
 }
 
-/// Returns whether this call gave the unit back (false: an earlier call did).
+/// Gives the unit of `reservation` back. Returns whether this call did (false: an
+/// earlier call did). Only for a reservation PostgreSQL records as never becoming
+/// an order (docs/DESIGN.md, "Redis give-backs").
 pub async fn give_back(
     conn: &mut impl Conn,
     keys: &SkuKeys,
-    bucket: i16,
-    reservation_id: Uuid,
-    user_id: i64,
+    reservation: &PendingMember,
     marker_ttl_secs: u64,
 ) -> Result<bool, ::redis::RedisError> {
-    let mut invocation = GIVE_BACK.key(keys.stock(bucket));
+    let mut invocation = GIVE_BACK.key(keys.stock(reservation.bucket));
     invocation
-        .key(keys.released(&reservation_id))
+        .key(keys.released(&reservation.reservation_id))
         .key(keys.users())
         .key(keys.pending())
-        .arg(reservation_id.to_string())
-        .arg(user_id)
+        .arg(reservation.reservation_id.to_string())
+        .arg(reservation.user_id)
         .arg(marker_ttl_secs)
-        .arg(SkuKeys::pending_member(&reservation_id, user_id, bucket));
+        .arg(reservation.encode());
     let changed: i64 = super::timed("give_back", invocation.invoke_async(conn)).await?;
     Ok(changed == 1)
 }

@@ -18,7 +18,7 @@ use crate::config::{AmqpSettings, CompensationSettings, RedisSettings};
 use crate::domain::status::CompensationType;
 use crate::mq::publisher::LazyPublisher;
 use crate::mq::{self, MqError};
-use crate::redis::keys::SkuKeys;
+use crate::redis::keys::{PendingMember, SkuKeys};
 use crate::redis::scripts;
 use crate::store::compensation::{self, ClaimedTask};
 use crate::store::Pool;
@@ -78,6 +78,9 @@ struct GiveBack {
     sku_id: i64,
     user_id: i64,
     inventory_bucket: i16,
+    /// Names the reservation's pending member in Redis (`redis::keys::PendingMember`).
+    #[serde(default)]
+    request_id: Option<Uuid>,
 }
 
 impl CompensationWorker {
@@ -184,12 +187,16 @@ impl Inner {
                     .map_err(|e| TaskError::Payload(e.to_string()))?;
                 let keys = SkuKeys::new(&self.redis.key_prefix, g.activity_id, g.sku_id);
                 let mut conn = self.redis().await?;
+                let member = PendingMember {
+                    reservation_id: g.reservation_id,
+                    user_id: g.user_id,
+                    bucket: g.inventory_bucket,
+                    request_id: g.request_id,
+                };
                 let changed = scripts::give_back(
                     &mut conn,
                     &keys,
-                    g.inventory_bucket,
-                    g.reservation_id,
-                    g.user_id,
+                    &member,
                     self.config.released_marker_ttl_secs,
                 )
                 .await?;

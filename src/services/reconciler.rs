@@ -1,12 +1,16 @@
-//! The reconciler owns Redis reservations that outlived their TTL: if PostgreSQL
-//! never heard of one (its message was lost between Redis and the queue, or never
-//! published), its unit is given back, exactly once (the give-back script's marker);
-//! if PostgreSQL has it, the pending entry is simply forgotten.
+//! The reconciler owns Redis reservations that outlived their TTL. If the engine
+//! processed one, its pending entry is simply forgotten (the engine's outcome takes
+//! care of the unit). If PostgreSQL never heard of it (its message was lost between
+//! Redis and the queue, or never published), the reconciler first records it
+//! RELEASED in PostgreSQL (`store::reconcile::fence`), and gives its unit back only
+//! if that record won: a message arriving later then creates no order, so a unit is
+//! never both sold and given back (docs/DESIGN.md, "Redis give-backs"). The give-back
+//! itself happens once per reservation (the script's marker).
 
 use std::rc::Rc;
 use std::time::Duration;
 
-use chrono::Utc;
+use chrono::{DateTime, TimeDelta, Utc};
 use futures_util::future::LocalBoxFuture;
 use uuid::Uuid;
 
@@ -14,7 +18,8 @@ use super::runner::{Outcome, Service, ServiceError};
 use crate::config::RedisSettings;
 use crate::redis::keys::SkuKeys;
 use crate::redis::{commands, scripts};
-use crate::store::{reconcile, Pool};
+use crate::store::reconcile::{self, Unseen};
+use crate::store::Pool;
 
 pub struct Reconciler {
     inner: Rc<Inner>,
@@ -25,17 +30,26 @@ struct Inner {
     redis: RedisSettings,
     interval: Duration,
     marker_ttl_secs: u64,
+    /// `frontstage.reservation_ttl_ms`: when a pending entry's reservation was made.
+    reservation_ttl: TimeDelta,
     batch: usize,
 }
 
 impl Reconciler {
-    pub fn new(pool: Pool, redis: RedisSettings, interval: Duration, marker_ttl_secs: u64) -> Self {
+    pub fn new(
+        pool: Pool,
+        redis: RedisSettings,
+        interval: Duration,
+        marker_ttl_secs: u64,
+        reservation_ttl: Duration,
+    ) -> Self {
         Self {
             inner: Rc::new(Inner {
                 pool,
                 redis,
                 interval,
                 marker_ttl_secs,
+                reservation_ttl: TimeDelta::from_std(reservation_ttl).unwrap_or(TimeDelta::zero()),
                 batch: 500,
             }),
         }
@@ -66,24 +80,43 @@ impl Service for Reconciler {
                 )
                 .await?;
                 more |= read >= inner.batch;
-                let ids: Vec<Uuid> = due.iter().map(|(p, _)| p.reservation_id).collect();
+                let ids: Vec<Uuid> = due.iter().map(|(p, _, _)| p.reservation_id).collect();
                 let known = reconcile::known_reservations(&conn.client, &ids).await?;
-                for (pending, member) in due {
-                    let reservation_id = pending.reservation_id;
-                    if known.contains(&reservation_id) {
+                let mut unseen = Vec::new();
+                for (pending, member, expiry_ms) in due {
+                    if known.contains(&pending.reservation_id) {
                         commands::forget_pending(&mut redis, &keys, &member).await?;
                         confirmed += 1;
-                    } else if scripts::give_back(
-                        &mut redis,
-                        &keys,
-                        pending.bucket,
-                        reservation_id,
-                        pending.user_id,
-                        inner.marker_ttl_secs,
-                    )
-                    .await?
+                        continue;
+                    }
+                    let expires_at =
+                        DateTime::<Utc>::from_timestamp_millis(expiry_ms).unwrap_or_default();
+                    unseen.push((
+                        pending,
+                        Unseen {
+                            reservation_id: pending.reservation_id,
+                            request_id: pending.request_id,
+                            activity_id,
+                            sku_id,
+                            user_id: pending.user_id,
+                            bucket: pending.bucket,
+                            reserved_at: expires_at - inner.reservation_ttl,
+                            expires_at,
+                        },
+                    ));
+                }
+                let rows: Vec<Unseen> = unseen.iter().map(|(_, u)| u.clone()).collect();
+                let fenced = reconcile::fence(&conn.client, &rows).await?;
+                // Those not fenced: the engine committed their message first; the
+                // next pass finds them known.
+                for (pending, _) in unseen
+                    .iter()
+                    .filter(|(p, _)| fenced.contains(&p.reservation_id))
+                {
+                    let reservation_id = pending.reservation_id;
+                    if scripts::give_back(&mut redis, &keys, pending, inner.marker_ttl_secs).await?
                     {
-                        tracing::info!(%reservation_id, "orphaned Redis reservation given back");
+                        tracing::info!(%reservation_id, "orphaned Redis reservation released in PostgreSQL and given back");
                         given_back += 1;
                     }
                 }

@@ -1,9 +1,12 @@
-//! What reconciling Redis with PostgreSQL reads: the SKUs whose sale is live, which
-//! of a set of Redis reservations PostgreSQL knows, and each bucket's available
-//! stock. Used by the reconciler service and by `check --redis`.
+//! What reconciling Redis with PostgreSQL reads and writes: the SKUs whose sale is
+//! live, which of a set of Redis reservations the engine has processed, each
+//! bucket's available stock, and the fence that records a reservation as RELEASED
+//! before its Redis unit is given back (docs/DESIGN.md, "Redis give-backs"). Used by
+//! the reconciler service, the front stage and `check --redis`.
 
 use std::collections::HashSet;
 
+use chrono::{DateTime, Utc};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
@@ -17,13 +20,74 @@ pub async fn live_skus(client: &Client) -> Result<Vec<(i64, i64)>, tokio_postgre
         .collect())
 }
 
-/// The ones among `ids` that PostgreSQL has a reservation row for.
+/// The `failure_code` of a reservation recorded RELEASED by `fence`: no message for
+/// it had reached the engine, and its Redis unit is (being) given back.
+pub const FENCED: &str = "RELEASED_UNSEEN";
+
+/// A Redis reservation to fence: what its pending entry says of it.
+#[derive(Debug, Clone)]
+pub struct Unseen {
+    pub reservation_id: Uuid,
+    /// `None` for a pending entry written before it carried the request id: the
+    /// reservation id stands in (unique, and no later message can match it).
+    pub request_id: Option<Uuid>,
+    pub activity_id: i64,
+    pub sku_id: i64,
+    pub user_id: i64,
+    pub bucket: i16,
+    pub reserved_at: DateTime<Utc>,
+    pub expires_at: DateTime<Utc>,
+}
+
+/// Records each of `unseen` as RELEASED unless the engine has a row for it, and
+/// returns the ones recorded so, now or by an earlier call whose give-back may not
+/// have happened: exactly those whose Redis unit may be given back. A message that
+/// arrives afterwards finds its reservation RELEASED and creates no order; one the
+/// engine committed first wins the row, and its reservation is not returned.
+pub async fn fence(client: &Client, unseen: &[Unseen]) -> Result<Vec<Uuid>, tokio_postgres::Error> {
+    if unseen.is_empty() {
+        return Ok(Vec::new());
+    }
+    let ids: Vec<Uuid> = unseen.iter().map(|u| u.reservation_id).collect();
+    let requests: Vec<Uuid> = unseen
+        .iter()
+        .map(|u| u.request_id.unwrap_or(u.reservation_id))
+        .collect();
+    let activities: Vec<i64> = unseen.iter().map(|u| u.activity_id).collect();
+    let skus: Vec<i64> = unseen.iter().map(|u| u.sku_id).collect();
+    let users: Vec<i64> = unseen.iter().map(|u| u.user_id).collect();
+    let buckets: Vec<i16> = unseen.iter().map(|u| u.bucket).collect();
+    let reserved: Vec<DateTime<Utc>> = unseen.iter().map(|u| u.reserved_at).collect();
+    let expires: Vec<DateTime<Utc>> = unseen.iter().map(|u| u.expires_at).collect();
+    Ok(client
+        .query(
+            FENCE,
+            &[
+                &ids,
+                &requests,
+                &activities,
+                &skus,
+                &users,
+                &buckets,
+                &reserved,
+                &expires,
+                &FENCED,
+            ],
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
+/// The ones among `ids` that the engine has a reservation row for (not counting
+/// those `fence` recorded: their Redis unit is still to be, or being, given back).
 pub async fn known_reservations(
     client: &Client,
     ids: &[Uuid],
 ) -> Result<HashSet<Uuid>, tokio_postgres::Error> {
     Ok(client
-        .query(KNOWN_RESERVATIONS, &[&ids])
+        .query(KNOWN_RESERVATIONS, &[&ids, &FENCED])
         .await?
         .iter()
         .map(|r| r.get(0))
@@ -64,8 +128,41 @@ JOIN seckill_activity AS a ON a.activity_id = s.activity_id
 WHERE a.end_at > statement_timestamp() - interval '1 day'
   AND a.start_at <= statement_timestamp()";
 
-const KNOWN_RESERVATIONS: &str =
-    "SELECT reservation_id FROM inventory_reservation WHERE reservation_id = ANY($1)";
+const KNOWN_RESERVATIONS: &str = "
+SELECT reservation_id FROM inventory_reservation
+WHERE reservation_id = ANY($1) AND failure_code IS DISTINCT FROM $2";
+
+/// The insert sees the rows committed before it (ON CONFLICT waits for one being
+/// inserted); the second half reads the statement's snapshot, so a row inserted by
+/// the first half is returned once. A request id the user already spent on another
+/// reservation (its replay answer had expired) would conflict forever: the
+/// reservation id stands in for it.
+const FENCE: &str = "
+WITH fenced AS (
+    INSERT INTO inventory_reservation (
+        reservation_id, request_id, first_message_id, activity_id, sku_id, user_id,
+        inventory_bucket, quantity, status, failure_code, redis_reserved_at, expires_at,
+        released_at, version
+    )
+    SELECT u.reservation_id,
+           CASE WHEN EXISTS (SELECT 1 FROM inventory_reservation AS r
+                             WHERE r.request_id = u.request_id AND r.user_id = u.user_id
+                               AND r.reservation_id <> u.reservation_id)
+                THEN u.reservation_id ELSE u.request_id END,
+           NULL, u.activity_id, u.sku_id, u.user_id,
+           u.bucket, 1, 40, $9::text, u.reserved_at, u.expires_at,
+           statement_timestamp(), 1
+    FROM unnest($1::uuid[], $2::uuid[], $3::int8[], $4::int8[], $5::int8[], $6::int2[],
+                $7::timestamptz[], $8::timestamptz[])
+         AS u(reservation_id, request_id, activity_id, sku_id, user_id, bucket,
+              reserved_at, expires_at)
+    ON CONFLICT DO NOTHING
+    RETURNING reservation_id
+)
+SELECT reservation_id FROM fenced
+UNION ALL
+SELECT reservation_id FROM inventory_reservation
+WHERE reservation_id = ANY($1) AND status = 40 AND failure_code = $9";
 
 const BUCKETS_AVAILABLE: &str = "
 SELECT activity_id, sku_id, bucket_no, available_stock::bigint FROM sku_inventory

@@ -129,6 +129,8 @@ pub const HTTP_RATE_LIMITED_TOTAL: &str = "seckill_http_rate_limited_total";
 /// Purchase tokens the front stage issued, and refused by `reason`.
 pub const PURCHASE_TOKENS_TOTAL: &str = "seckill_purchase_tokens_total";
 pub const READS_TOTAL: &str = "seckill_reads_total";
+/// Reservations answered SOLD_OUT from the front stage's memory, without the reserve script.
+pub const SOLD_OUT_FROM_MEMORY_TOTAL: &str = "seckill_sold_out_from_memory_total";
 /// Redis units the reconciler gave back for reservations that never reached the engine.
 pub const RECONCILER_GIVEN_BACK_TOTAL: &str = "seckill_reconciler_given_back_total";
 /// How far database.replica_url lags: 0 once it has replayed the primary's position, else the age of its last replayed transaction.
@@ -197,6 +199,7 @@ pub const CATALOGUE: &[Metric] = &[
     Metric { name: READY, kind: Kind::Gauge, help: "1 while the engine is ready to take work, else 0." },
     Metric { name: HTTP_RATE_LIMITED_TOTAL, kind: Kind::Counter, help: "Front-stage requests refused by a rate limit, by `scope` (`user` or `address`)." },
     Metric { name: PURCHASE_TOKENS_TOTAL, kind: Kind::Counter, help: "Purchase tokens the front stage issued (`outcome` issued) or refused a reservation for (`outcome` missing, invalid, expired, mismatch)." },
+    Metric { name: SOLD_OUT_FROM_MEMORY_TOTAL, kind: Kind::Counter, help: "Reservations answered SOLD_OUT from the front stage's memory, without the reserve script." },
     Metric { name: READS_TOTAL, kind: Kind::Counter, help: "Reads of the buyer's order history, by `source` (`replica` or `primary`)." },
     Metric { name: REPLICA_LAG_SECONDS, kind: Kind::Gauge, help: "How far database.replica_url lags: 0 once it has replayed the primary's position, else the age of its last replayed transaction." },
     Metric { name: RECONCILER_GIVEN_BACK_TOTAL, kind: Kind::Counter, help: "Redis units the reconciler gave back for reservations that never reached the engine." },

@@ -8,7 +8,7 @@ use secrecy::ExposeSecret;
 
 use crate::common::{admin_config, base_settings, with_dbname};
 
-fn engine() -> Command {
+pub(crate) fn engine() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_seckill-engine"));
     cmd.env("RUST_LOG", "warn")
         .env(
@@ -22,12 +22,12 @@ fn engine() -> Command {
     cmd
 }
 
-struct Output {
-    ok: bool,
-    text: String,
+pub(crate) struct Output {
+    pub(crate) ok: bool,
+    pub(crate) text: String,
 }
 
-fn run(cmd: &mut Command) -> Output {
+pub(crate) fn run(cmd: &mut Command) -> Output {
     let out = cmd.output().expect("run seckill-engine");
     Output {
         ok: out.status.success(),
@@ -173,7 +173,7 @@ async fn the_engine_refuses_an_unmigrated_database() {
 
 /// Environment that points the binary at a test's private database, broker names and
 /// Redis prefix.
-fn env_of<'a>(cmd: &'a mut Command, env: &crate::common::TestEnv) -> &'a mut Command {
+pub(crate) fn env_of<'a>(cmd: &'a mut Command, env: &crate::common::TestEnv) -> &'a mut Command {
     cmd.env(
         "SECKILL__DATABASE__URL",
         env.settings.database.url.expose_secret(),

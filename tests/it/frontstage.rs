@@ -287,9 +287,14 @@ async fn the_http_front_stage_queues_orders_and_reports_every_state() {
         .unwrap();
     let engine = EngineHandle::start(&env.settings).await;
     let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
-    let running = seckill_engine::http::front::start(&env.settings, pool, engine.ids.clone())
-        .await
-        .unwrap();
+    let running = seckill_engine::http::front::start(
+        &env.settings,
+        pool,
+        engine.ids.clone(),
+        engine.readiness.clone(),
+    )
+    .await
+    .unwrap();
     let handle = running.server.handle();
     actix_rt::spawn(running.server);
     let front = Front::new(running.addr, &env.settings);
@@ -396,9 +401,14 @@ async fn each_buyer_is_who_the_token_says_and_sees_only_their_own() {
         .unwrap();
     let engine = EngineHandle::start(&env.settings).await;
     let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
-    let running = seckill_engine::http::front::start(&env.settings, pool, engine.ids.clone())
-        .await
-        .unwrap();
+    let running = seckill_engine::http::front::start(
+        &env.settings,
+        pool,
+        engine.ids.clone(),
+        engine.readiness.clone(),
+    )
+    .await
+    .unwrap();
     let handle = running.server.handle();
     actix_rt::spawn(running.server);
     let front = Front::new(running.addr, &env.settings);
@@ -531,9 +541,14 @@ async fn a_reservation_needs_the_buyer_s_own_purchase_token_from_the_sale() {
     }
     let engine = EngineHandle::start(&env.settings).await;
     let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
-    let running = seckill_engine::http::front::start(&env.settings, pool, engine.ids.clone())
-        .await
-        .unwrap();
+    let running = seckill_engine::http::front::start(
+        &env.settings,
+        pool,
+        engine.ids.clone(),
+        engine.readiness.clone(),
+    )
+    .await
+    .unwrap();
     let handle = running.server.handle();
     actix_rt::spawn(running.server);
     let front = Front::new(running.addr, &env.settings);
@@ -612,7 +627,7 @@ async fn a_user_firing_requests_is_limited_before_redis() {
     let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
     let ids = std::sync::Arc::new(seckill_engine::domain::ids::IdGenerator::new(1002));
     let engine = EngineHandle::start(&env.settings).await;
-    let running = seckill_engine::http::front::start(&env.settings, pool, ids)
+    let running = seckill_engine::http::front::start(&env.settings, pool, ids, Default::default())
         .await
         .unwrap();
     let handle = running.server.handle();
@@ -684,42 +699,97 @@ async fn a_user_firing_requests_is_limited_before_redis() {
 async fn reservations_come_back_by_themselves_after_the_redis_connection_drops() {
     use secrecy::ExposeSecret;
     let env = TestEnv::new().await;
+    let url = env.settings.redis.url.expose_secret().to_owned();
+    let switch = crate::common::Switch::start(crate::common::target_of(&url, 6379)).await;
+    // Only the front stage reaches Redis through the switch.
+    let mut settings = env.settings.clone();
+    settings.redis.url = switch.url_through(&url).into();
+    blip_survived(&env, settings, &switch, 63).await;
+    env.cleanup().await;
+}
+
+#[actix_rt::test]
+async fn reservations_come_back_by_themselves_after_the_broker_connection_drops() {
+    use secrecy::ExposeSecret;
+    let env = TestEnv::new().await;
+    let url = env.settings.amqp.url.expose_secret().to_owned();
+    let switch = crate::common::Switch::start(crate::common::target_of(&url, 5672)).await;
+    // Only the front stage reaches the broker through the switch.
+    let mut settings = env.settings.clone();
+    settings.amqp.url = switch.url_through(&url).into();
+    blip_survived(&env, settings, &switch, 64).await;
+    env.cleanup().await;
+}
+
+/// The front stage (with `front_settings`, whose link to one store goes through
+/// `switch`) answers 503 with `Retry-After` while the link is cut and `/readyz` says
+/// so; within 5 s of the link's return reservations succeed and `/readyz` is 200,
+/// without a restart (issue 39 pt 5).
+async fn blip_survived(
+    env: &TestEnv,
+    front_settings: seckill_engine::config::Settings,
+    switch: &crate::common::Switch,
+    activity: i64,
+) {
     let mut db = env.db().await;
-    builders::activity(&mut db, 63, 1, 5, 1).await;
-    let keys = SkuKeys::new(&env.settings.redis.key_prefix, 63, 1);
+    builders::activity(&mut db, activity, 1, 5, 1).await;
+    let keys = SkuKeys::new(&env.settings.redis.key_prefix, activity, 1);
     let mut redis = env.redis().await;
     seckill_engine::redis::load_stock(&mut redis, &keys, &[5])
         .await
         .unwrap();
     let engine = EngineHandle::start(&env.settings).await;
-    // Only the front stage reaches Redis through the switch.
-    let url = env.settings.redis.url.expose_secret().to_owned();
-    let switch = crate::common::Switch::start(crate::common::target_of(&url, 6379)).await;
-    let mut settings = env.settings.clone();
-    settings.redis.url = switch.url_through(&url).into();
-    let pool = seckill_engine::store::build_pool(&settings.database).unwrap();
-    let running = seckill_engine::http::front::start(&settings, pool, engine.ids.clone())
-        .await
-        .unwrap();
+    let admin = engine.admin(&env.settings).await;
+    let readyz = format!("http://{}/readyz", admin.addr);
+    actix_rt::spawn(admin.server);
+    let pool = seckill_engine::store::build_pool(&front_settings.database).unwrap();
+    let running = seckill_engine::http::front::start(
+        &front_settings,
+        pool,
+        engine.ids.clone(),
+        engine.readiness.clone(),
+    )
+    .await
+    .unwrap();
     let handle = running.server.handle();
     actix_rt::spawn(running.server);
-    let front = Front::new(running.addr, &settings);
+    let front = Front::new(running.addr, &front_settings);
+    let ready = |want: u16| {
+        let (client, readyz) = (front.client.clone(), readyz.clone());
+        async move {
+            let mut res = client.get(&readyz).send().await.unwrap();
+            let body: Value = serde_json::from_slice(&res.body().await.unwrap()).unwrap();
+            (res.status().as_u16() == want).then_some(body)
+        }
+    };
     for user in 1..=3 {
-        front.purchase_token(63, user).await;
+        front.purchase_token(activity, user).await;
     }
-    assert_eq!(front.reserve(63, 1, Uuid::now_v7()).await.0, 202);
+    assert_eq!(front.reserve(activity, 1, Uuid::now_v7()).await.0, 202);
+    let body = ready(200).await.expect("ready before the cut");
+    assert_eq!(body["checks"]["frontstage"], "ok");
 
     switch.set(false);
-    // The switch cuts its connections within 20 ms.
-    tokio::time::sleep(Duration::from_millis(200)).await;
+    let cut = std::time::Instant::now();
+    let reason = loop {
+        if let Some(body) = ready(503).await {
+            break body["checks"]["frontstage"].clone();
+        }
+        assert!(
+            cut.elapsed() < Duration::from_secs(5),
+            "/readyz still 200 with the link cut"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_ne!(reason, "ok", "{reason}");
     let mut res = front
         .request(
             awc::http::Method::POST,
-            "/v1/activities/63/skus/1/reservations",
+            &format!("/v1/activities/{activity}/skus/1/reservations"),
             Some(2),
         )
         .insert_header(("content-type", "application/json"))
-        .insert_header(("x-purchase-token", front.purchase_token(63, 2).await))
+        .insert_header(("x-purchase-token", front.purchase_token(activity, 2).await))
         .send_body(json!({"request_id": Uuid::now_v7()}).to_string())
         .await
         .unwrap();
@@ -730,18 +800,39 @@ async fn reservations_come_back_by_themselves_after_the_redis_connection_drops()
     switch.set(true);
     let back = std::time::Instant::now();
     let reserved = wait_until(Duration::from_secs(5), || async {
-        tokio::time::sleep(Duration::from_millis(400)).await;
-        front.reserve(63, 3, Uuid::now_v7()).await.0 == 202
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        front.reserve(activity, 3, Uuid::now_v7()).await.0 == 202
     })
     .await;
     assert!(
         reserved,
-        "still no reservation {:?} after Redis came back",
+        "still no reservation {:?} after the link came back",
         back.elapsed()
+    );
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            ready(200).await.is_some()
+        })
+        .await,
+        "/readyz not 200 {:?} after the link came back",
+        back.elapsed()
+    );
+    println!(
+        "{reason} → reservations and /readyz back {:?} after the link",
+        back.elapsed()
+    );
+    // Nothing lost or given twice: the 503'd request holds nothing, the two
+    // reservations become orders.
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            count(&db, "SELECT count(*) FROM orders").await == 2
+        })
+        .await
     );
     handle.stop(true).await;
     engine.stop().await;
-    env.cleanup().await;
+    assert_eq!(redis_stocks(&mut redis, &keys, 1).await, vec![3]);
+    assert_invariants(&db).await;
 }
 
 /// `activity close` ends a sale: within a second the front stage answers 409
@@ -759,7 +850,7 @@ async fn a_closed_activity_stops_selling_within_a_second() {
     let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
     let ids = std::sync::Arc::new(seckill_engine::domain::ids::IdGenerator::new(1003));
     let engine = EngineHandle::start(&env.settings).await;
-    let running = seckill_engine::http::front::start(&env.settings, pool, ids)
+    let running = seckill_engine::http::front::start(&env.settings, pool, ids, Default::default())
         .await
         .unwrap();
     let handle = running.server.handle();
@@ -819,7 +910,7 @@ async fn a_failed_publish_gives_the_reservation_back_and_answers_503() {
         .await;
     // No engine, so no lease: an id generator of the tests' own.
     let ids = std::sync::Arc::new(seckill_engine::domain::ids::IdGenerator::new(1001));
-    let running = seckill_engine::http::front::start(&env.settings, pool, ids)
+    let running = seckill_engine::http::front::start(&env.settings, pool, ids, Default::default())
         .await
         .unwrap();
     let handle = running.server.handle();
@@ -875,8 +966,11 @@ async fn a_failed_publish_gives_the_reservation_back_and_answers_503() {
     env.cleanup().await;
 }
 
+/// A reservation whose message never reached the queue is released in PostgreSQL
+/// before its unit goes back to Redis; a message for it arriving later finds it
+/// RELEASED and creates no order (issue 39 pt 7).
 #[actix_rt::test]
-async fn reconciliation_gives_an_orphaned_reservation_back_exactly_once() {
+async fn reconciliation_releases_an_orphan_in_postgres_then_gives_it_back_once() {
     let env =
         TestEnv::with(|f| f.merge(Serialized::default("frontstage.reconcile_interval_ms", 100)))
             .await;
@@ -888,65 +982,432 @@ async fn reconciliation_gives_an_orphaned_reservation_back_exactly_once() {
         .await
         .unwrap();
     // A reservation whose message never reached the queue, already past its TTL.
-    let orphan = Uuid::now_v7();
+    let mut late = builders::order(55, 1, 77, 0);
     let expired = Utc::now().timestamp_millis() - 1_000;
-    let r = scripts::reserve(
-        &mut redis,
-        &keys,
-        2,
-        77,
-        Uuid::now_v7(),
-        orphan,
-        expired,
-        60,
-        &format!("{orphan}|1|S1"),
-    )
-    .await
-    .unwrap();
-    assert!(matches!(r, Reserved::Ok { .. }));
+    late.inventory_bucket = reserve_in_redis(&mut redis, &keys, 2, &late, expired).await;
     assert_eq!(
         redis_stocks(&mut redis, &keys, 2).await.iter().sum::<i64>(),
         9
     );
 
     let engine = EngineHandle::start(&env.settings).await;
-    let pending = keys.pending();
-    assert!(
-        wait_until(Duration::from_secs(30), || {
-            let mut redis = redis.clone();
-            let pending = pending.clone();
-            async move {
-                let n: i64 = ::redis::cmd("ZCARD")
-                    .arg(&pending)
-                    .query_async(&mut redis)
-                    .await
-                    .unwrap();
-                n == 0
-            }
-        })
-        .await
-    );
-    engine.stop().await;
+    assert!(wait_until(Duration::from_secs(30), || pending_is_empty(&redis, &keys)).await);
     assert_eq!(
         redis_stocks(&mut redis, &keys, 2).await.iter().sum::<i64>(),
         10,
         "given back"
     );
-    // Exactly once: another give-back for it changes nothing.
-    let again = scripts::give_back(&mut redis, &keys, 0, orphan, 77, 600)
+    let fenced = db
+        .query_one(
+            "SELECT status, failure_code, request_id, first_message_id IS NULL
+             FROM inventory_reservation WHERE reservation_id = $1",
+            &[&late.reservation_id],
+        )
         .await
         .unwrap();
-    let again_other = scripts::give_back(&mut redis, &keys, 1, orphan, 77, 600)
+    assert_eq!(fenced.get::<_, i16>(0), 40, "RELEASED in PostgreSQL");
+    assert_eq!(fenced.get::<_, String>(1), "RELEASED_UNSEEN");
+    assert_eq!(fenced.get::<_, Uuid>(2), late.request_id);
+    assert!(fenced.get::<_, bool>(3));
+
+    // The message turns up after all: no order, and the unit is not given twice.
+    let amqp = env.amqp().await;
+    builders::publish(&env, &amqp, std::slice::from_ref(&late)).await;
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            count(&db, "SELECT count(*) FROM consumer_inbox").await == 1
+        })
         .await
-        .unwrap();
-    assert!(!again && !again_other);
+    );
+    let result: String = db
+        .query_one("SELECT result_code FROM consumer_inbox", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(result, "ILLEGAL_RESERVATION_STATE");
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 0);
+    engine.stop().await;
+    let member = seckill_engine::redis::keys::PendingMember {
+        reservation_id: late.reservation_id,
+        user_id: 77,
+        bucket: late.inventory_bucket,
+        request_id: Some(late.request_id),
+    };
+    assert!(!scripts::give_back(&mut redis, &keys, &member, 600)
+        .await
+        .unwrap());
     assert_eq!(
         redis_stocks(&mut redis, &keys, 2).await.iter().sum::<i64>(),
         10
     );
-    assert_eq!(
-        count(&db, "SELECT count(*) FROM inventory_reservation").await,
-        0
+    assert_invariants(&db).await;
+    env.cleanup().await;
+}
+
+/// The reconciler racing late messages: for each reservation, either its order
+/// exists and Redis kept the unit sold, or it is RELEASED with no order and Redis
+/// has the unit back; never both, never neither (issue 39 pt 7).
+#[actix_rt::test]
+async fn the_reconciler_racing_late_messages_never_both_sells_and_gives_back() {
+    let env =
+        TestEnv::with(|f| f.merge(Serialized::default("frontstage.reconcile_interval_ms", 20)))
+            .await;
+    let mut db = env.db().await;
+    const N: i64 = 200;
+    builders::activity(&mut db, 56, 1, N as i32, 4).await;
+    let keys = SkuKeys::new(&env.settings.redis.key_prefix, 56, 1);
+    let mut redis = env.redis().await;
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[50, 50, 50, 50])
+        .await
+        .unwrap();
+    // Reservation i falls due at t0 + 1 s + 10·i ms, and its message is published
+    // within 50 ms either side of that moment: some reach the engine before the
+    // reconciler looks (every 20 ms), some after, some at the same time.
+    let engine = EngineHandle::start(&env.settings).await;
+    let t0 = Utc::now().timestamp_millis() + 1_000;
+    let started = tokio::time::Instant::now();
+    let mut msgs = Vec::new();
+    for user in 1..=N {
+        let mut msg = builders::order(56, 1, user, 0);
+        let due = t0 + 10 * user;
+        msg.inventory_bucket = reserve_in_redis(&mut redis, &keys, 4, &msg, due).await;
+        msgs.push(msg);
+    }
+    let amqp = env.amqp().await;
+    let mut schedule: Vec<(i64, usize)> = (0..N as usize)
+        .map(|i| {
+            let jitter = (i as i64 * 37) % 101 - 50;
+            (1_000 + 10 * (i as i64 + 1) + jitter, i)
+        })
+        .collect();
+    schedule.sort();
+    for (at_ms, i) in schedule {
+        tokio::time::sleep_until(started + Duration::from_millis(at_ms as u64)).await;
+        builders::publish(&env, &amqp, std::slice::from_ref(&msgs[i])).await;
+    }
+    assert!(
+        wait_until(Duration::from_secs(60), || async {
+            count(&db, "SELECT count(*) FROM consumer_inbox").await == N
+        })
+        .await
     );
+    assert!(wait_until(Duration::from_secs(30), || pending_is_empty(&redis, &keys)).await);
+    engine.stop().await;
+    let orders = count(&db, "SELECT count(*) FROM orders").await;
+    let released = count(
+        &db,
+        "SELECT count(*) FROM inventory_reservation
+         WHERE status = 40 AND failure_code = 'RELEASED_UNSEEN'",
+    )
+    .await;
+    let both = count(
+        &db,
+        "SELECT count(*) FROM orders AS o JOIN inventory_reservation AS r
+           ON r.reservation_id = o.reservation_id WHERE r.status = 40",
+    )
+    .await;
+    println!("{orders} ordered, {released} released by the reconciler");
+    assert!(
+        orders > 0 && released > 0,
+        "no race took place: {orders} ordered, {released} released"
+    );
+    assert_eq!(both, 0);
+    assert_eq!(orders + released, N, "each reservation settled one way");
+    let redis_left: i64 = redis_stocks(&mut redis, &keys, 4).await.iter().sum();
+    assert_eq!(
+        redis_left, released,
+        "Redis holds back exactly the released units"
+    );
+    let pg_available = count(
+        &db,
+        "SELECT sum(available_stock)::bigint FROM sku_inventory WHERE activity_id = 56",
+    )
+    .await;
+    assert_eq!(
+        pg_available, redis_left,
+        "no drift between Redis and PostgreSQL"
+    );
+    assert_invariants(&db).await;
+    env.cleanup().await;
+}
+
+/// A publish whose confirm was lost although the broker queued the message: the
+/// unit is not given back, a retry replays the reservation, the order is created,
+/// and after reconciliation Redis and PostgreSQL agree (issue 39 pt 7).
+#[actix_rt::test]
+async fn an_unconfirmed_publish_keeps_its_unit_and_reconciles_with_the_order() {
+    let env = TestEnv::with(|f| {
+        f.merge(Serialized::default("frontstage.reconcile_interval_ms", 100))
+            .merge(Serialized::default("frontstage.reservation_ttl_ms", 1000))
+    })
+    .await;
+    let mut db = env.db().await;
+    // The failpoint is process-wide, armed for this activity id alone.
+    builders::activity(&mut db, 4242, 1, 5, 1).await;
+    let keys = SkuKeys::new(&env.settings.redis.key_prefix, 4242, 1);
+    let mut redis = env.redis().await;
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[5])
+        .await
+        .unwrap();
+    let engine = EngineHandle::start(&env.settings).await;
+    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
+    let running = seckill_engine::http::front::start(
+        &env.settings,
+        pool,
+        engine.ids.clone(),
+        engine.readiness.clone(),
+    )
+    .await
+    .unwrap();
+    let handle = running.server.handle();
+    actix_rt::spawn(running.server);
+    let front = Front::new(running.addr, &env.settings);
+    front.purchase_token(4242, 1).await;
+
+    seckill_engine::failpoints::set("frontstage_confirm_lost", "return(4242)").unwrap();
+    let request = Uuid::now_v7();
+    let (status, body) = front.reserve(4242, 1, request).await;
+    seckill_engine::failpoints::set("frontstage_confirm_lost", "off").unwrap();
+    assert_eq!(status, 503, "{body}");
+    let reservation = body["reservation_id"].as_str().unwrap().to_owned();
+    assert_eq!(
+        redis_stocks(&mut redis, &keys, 1).await,
+        vec![4],
+        "not given back"
+    );
+    let (status, again) = front.reserve(4242, 1, request).await;
+    assert_eq!(status, 202, "the retry replays: {again}");
+    assert_eq!(again["reservation_id"], reservation.as_str());
+    assert!(front.reaches(&reservation, "ORDERED", 1).await);
+    // Past the reservation's TTL the reconciler finds the order and only forgets
+    // the pending entry.
+    assert!(wait_until(Duration::from_secs(30), || pending_is_empty(&redis, &keys)).await);
+    assert_eq!(redis_stocks(&mut redis, &keys, 1).await, vec![4]);
+    assert_eq!(
+        count(
+            &db,
+            "SELECT sum(available_stock)::bigint FROM sku_inventory WHERE activity_id = 4242"
+        )
+        .await,
+        4
+    );
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 1);
+    handle.stop(true).await;
+    engine.stop().await;
+    assert_invariants(&db).await;
+    env.cleanup().await;
+}
+
+/// Reserves `msg`'s unit in Redis as the front stage would, expiring at
+/// `expires_at_ms`; returns the bucket the script took it from.
+async fn reserve_in_redis(
+    redis: &mut ::redis::aio::MultiplexedConnection,
+    keys: &SkuKeys,
+    buckets: i16,
+    msg: &seckill_engine::domain::message::OrderCreateMessage,
+    expires_at_ms: i64,
+) -> i16 {
+    let r = scripts::reserve(
+        redis,
+        keys,
+        buckets,
+        msg.user_id,
+        msg.request_id,
+        msg.reservation_id,
+        expires_at_ms,
+        60,
+        &format!("{}|{}|{}", msg.reservation_id, msg.order_id, msg.order_no),
+    )
+    .await
+    .unwrap();
+    let Reserved::Ok { answer } = r else {
+        panic!("{r:?}")
+    };
+    answer.rsplit('|').next().unwrap().parse().unwrap()
+}
+
+async fn pending_is_empty(redis: &::redis::aio::MultiplexedConnection, keys: &SkuKeys) -> bool {
+    let n: i64 = ::redis::cmd("ZCARD")
+        .arg(keys.pending())
+        .query_async(&mut redis.clone())
+        .await
+        .unwrap();
+    n == 0
+}
+
+/// Once the reserve script found a SKU sold out, the front stage answers SOLD_OUT
+/// from memory for `frontstage.sold_out_recheck_ms` (a unit that comes back
+/// meanwhile is not seen), a retried request still gets its first answer, and after
+/// the window the script looks again and sells the returned unit (issue 39 pt 9).
+#[actix_rt::test]
+async fn a_sold_out_sku_is_answered_from_memory_until_the_script_looks_again() {
+    let env =
+        TestEnv::with(|f| f.merge(Serialized::default("frontstage.sold_out_recheck_ms", 3000)))
+            .await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 67, 1, 1, 1).await;
+    let keys = SkuKeys::new(&env.settings.redis.key_prefix, 67, 1);
+    let mut redis = env.redis().await;
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[1])
+        .await
+        .unwrap();
+    let engine = EngineHandle::start(&env.settings).await;
+    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
+    let running = seckill_engine::http::front::start(
+        &env.settings,
+        pool,
+        engine.ids.clone(),
+        engine.readiness.clone(),
+    )
+    .await
+    .unwrap();
+    let handle = running.server.handle();
+    actix_rt::spawn(running.server);
+    let front = Front::new(running.addr, &env.settings);
+    for user in 1..=3 {
+        front.purchase_token(67, user).await;
+    }
+    let first = Uuid::now_v7();
+    let (status, bought) = front.reserve(67, 1, first).await;
+    assert_eq!(status, 202, "{bought}");
+    let (status, body) = front.reserve(67, 2, Uuid::now_v7()).await;
+    assert_eq!((status, body["status"].as_str()), (409, Some("SOLD_OUT")));
+    let sold_out_at = std::time::Instant::now();
+
+    // A unit comes back in Redis, as a give-back would return it.
+    let _: i64 = ::redis::cmd("INCR")
+        .arg(keys.stock(0))
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let (status, body) = front.reserve(67, 3, Uuid::now_v7()).await;
+    assert!(sold_out_at.elapsed() < Duration::from_secs(3));
+    assert_eq!(
+        (status, body["status"].as_str()),
+        (409, Some("SOLD_OUT")),
+        "answered from memory: the script would have sold the returned unit"
+    );
+    assert_eq!(redis_stocks(&mut redis, &keys, 1).await, vec![1]);
+    let (status, replay) = front.reserve(67, 1, first).await;
+    assert_eq!(
+        (status, &replay),
+        (202, &bought),
+        "a retry gets its first answer"
+    );
+
+    // After the window the script looks again and sells it.
+    let mut next_user = 10;
+    let sold = wait_until(Duration::from_secs(8), || {
+        next_user += 1;
+        let user = next_user;
+        let front = &front;
+        async move {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            front.reserve(67, user, Uuid::now_v7()).await.0 == 202
+        }
+    })
+    .await;
+    assert!(sold, "the returned unit was never sold");
+    assert!(sold_out_at.elapsed() >= Duration::from_secs(3));
+    handle.stop(true).await;
+    engine.stop().await;
+    env.cleanup().await;
+}
+
+/// Issue 39's acceptance sale: 1,000 buyers at once, each with a verified token and
+/// a purchase token, for 200 units over 8 buckets, a tenth of them clicking again
+/// (half with the same request, half with a new one): exactly 200 orders, no buyer
+/// twice, and `check --redis` finds Redis and PostgreSQL in agreement.
+#[actix_rt::test]
+async fn a_thousand_buyers_at_the_door_get_exactly_the_stock_once_each() {
+    let env = TestEnv::with(|f| {
+        // All the buyers share the test's address.
+        f.merge(Serialized::default(
+            "frontstage.rate_limit.per_address_per_s",
+            0,
+        ))
+    })
+    .await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 68, 1, 200, 8).await;
+    let keys = SkuKeys::new(&env.settings.redis.key_prefix, 68, 1);
+    let mut redis = env.redis().await;
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[25; 8])
+        .await
+        .unwrap();
+    let engine = EngineHandle::start(&env.settings).await;
+    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
+    let running = seckill_engine::http::front::start(
+        &env.settings,
+        pool,
+        engine.ids.clone(),
+        engine.readiness.clone(),
+    )
+    .await
+    .unwrap();
+    let handle = running.server.handle();
+    actix_rt::spawn(running.server);
+    let front = Front::new(running.addr, &env.settings);
+
+    const BUYERS: i64 = 1000;
+    let buyer = |user: i64| {
+        let front = &front;
+        async move {
+            let request = Uuid::now_v7();
+            let (status, body) = front.reserve(68, user, request).await;
+            let mut answers = vec![(status, body.clone())];
+            if user % 10 == 0 {
+                let again = if user % 20 == 0 {
+                    request
+                } else {
+                    Uuid::now_v7()
+                };
+                let (status2, body2) = front.reserve(68, user, again).await;
+                if again == request {
+                    assert_eq!((status2, &body2), (status, &body), "a repeat replays");
+                }
+                answers.push((status2, body2));
+            }
+            answers
+        }
+    };
+    let answers: Vec<Vec<(u16, Value)>> = join_all((1..=BUYERS).map(buyer)).await;
+    let mut by_status: HashMap<String, usize> = HashMap::new();
+    for (status, body) in answers.iter().flatten() {
+        let name = format!("{status} {}", body["status"].as_str().unwrap_or("?"));
+        *by_status.entry(name).or_default() += 1;
+    }
+    println!("answers: {by_status:?}");
+    let queued = answers
+        .iter()
+        .filter(|a| a.iter().any(|(s, _)| *s == 202))
+        .count();
+    assert_eq!(queued, 200, "{by_status:?}");
+    assert!(
+        by_status
+            .keys()
+            .all(|k| ["202 QUEUED", "409 SOLD_OUT", "409 ALREADY_RESERVED"].contains(&k.as_str())),
+        "{by_status:?}"
+    );
+    assert!(
+        wait_until(Duration::from_secs(60), || async {
+            count(&db, "SELECT count(*) FROM orders").await == 200
+        })
+        .await
+    );
+    handle.stop(true).await;
+    engine.stop().await;
+    assert_eq!(
+        count(&db, "SELECT count(DISTINCT user_id) FROM orders").await,
+        200
+    );
+    assert_invariants(&db).await;
+    let out = crate::cli::run(crate::cli::env_of(&mut crate::cli::engine(), &env).args([
+        "check",
+        "--redis",
+        "--activity",
+        "68",
+    ]));
+    assert!(out.ok, "{}", out.text);
     env.cleanup().await;
 }

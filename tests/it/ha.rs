@@ -582,9 +582,14 @@ async fn history_reads_use_a_fresh_replica_and_never_go_back_in_time() {
     builders::activity(&mut db, 7, 1, 10, 1).await;
     let engine = EngineHandle::start(&env.settings).await;
     let pool = store::build_pool(&env.settings.database).expect("pool");
-    let running = seckill_engine::http::front::start(&env.settings, pool, engine.ids.clone())
-        .await
-        .expect("front stage");
+    let running = seckill_engine::http::front::start(
+        &env.settings,
+        pool,
+        engine.ids.clone(),
+        engine.readiness.clone(),
+    )
+    .await
+    .expect("front stage");
     let handle = running.server.handle();
     actix_rt::spawn(running.server);
     let addr = running.addr;

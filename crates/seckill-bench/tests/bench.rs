@@ -64,10 +64,14 @@ async fn bench_sells_out_through_both_paths_with_clean_invariants() {
     .await;
     let running_engine = crate::common::engine::EngineHandle::start(&env.settings).await;
     let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
-    let running =
-        seckill_engine::http::front::start(&env.settings, pool, running_engine.ids.clone())
-            .await
-            .unwrap();
+    let running = seckill_engine::http::front::start(
+        &env.settings,
+        pool,
+        running_engine.ids.clone(),
+        running_engine.readiness.clone(),
+    )
+    .await
+    .unwrap();
     let handle = running.server.handle();
     actix_rt::spawn(running.server);
     let dir = std::env::temp_dir().join(format!("seckill-bench-{}", uuid::Uuid::new_v4()));

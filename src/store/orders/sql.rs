@@ -72,7 +72,7 @@ RETURNING order_id";
 pub(super) const FIND_SAME_REQUEST_ORDER: &str = "
 SELECT order_id
 FROM orders
-WHERE reservation_id = $1 OR request_id = $2 OR source_message_id = $3
+WHERE reservation_id = $1 OR (request_id = $2 AND user_id = $4) OR source_message_id = $3
 LIMIT 1";
 
 pub(super) const FIND_USER_ORDER: &str = "

@@ -69,7 +69,12 @@ pub(super) async fn explain_order_conflict(
     if let Some(row) = tx
         .query_opt(
             &st.get(tx, FIND_SAME_REQUEST_ORDER).await?,
-            &[&msg.reservation_id, &msg.request_id, &msg.message_id],
+            &[
+                &msg.reservation_id,
+                &msg.request_id,
+                &msg.message_id,
+                &msg.user_id,
+            ],
         )
         .await?
     {
