@@ -106,6 +106,13 @@ pub struct BenchArgs {
     /// directory (a checkout of the repository).
     #[arg(long)]
     pub pgbench_dir: Option<PathBuf>,
+    /// http mode: also write each buyer's credentials to this file before the clock
+    /// starts, one line each (`user<TAB>Authorization value<TAB>purchase token`),
+    /// for an external load generator to reuse against the sold-out sale
+    /// (bench/wrk/sold-out.lua). The purchase tokens expire after
+    /// `frontstage.purchase_token.ttl_secs`.
+    #[arg(long)]
+    pub credentials_out: Option<PathBuf>,
 }
 
 #[derive(Debug, Serialize)]
@@ -262,6 +269,12 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
         Mode::Http => Some(prepare_http(settings, &args, activity_id).await?),
         Mode::Amqp => None,
     };
+    if let Some(path) = &args.credentials_out {
+        let buyers = buyers
+            .as_ref()
+            .context("--credentials-out needs --mode http")?;
+        write_credentials(path, &buyers.credentials)?;
+    }
     let metrics_before = scrape(&metrics_url).await;
     let cpu_before = cpu::Reading::take();
     let probe = stalls::Probe::start();
@@ -600,6 +613,30 @@ fn bar_style(what: &str) -> ProgressStyle {
         "{what:>9} [{{elapsed_precise}}] {{bar:40}} {{pos}}/{{len}} {{per_sec}}"
     ))
     .unwrap_or_else(|_| ProgressStyle::default_bar())
+}
+
+/// `--credentials-out`: one line per buyer, in user order.
+fn write_credentials(
+    path: &std::path::Path,
+    credentials: &HashMap<i64, Credentials>,
+) -> anyhow::Result<()> {
+    use std::io::Write;
+    let mut users: Vec<&i64> = credentials.keys().collect();
+    users.sort_unstable();
+    let file =
+        std::fs::File::create(path).with_context(|| format!("creating {}", path.display()))?;
+    let mut out = std::io::BufWriter::new(file);
+    for user in users {
+        let (bearer, purchase) = &credentials[user];
+        writeln!(
+            out,
+            "{user}\t{bearer}\t{}",
+            purchase.as_deref().unwrap_or("")
+        )?;
+    }
+    out.flush()
+        .with_context(|| format!("writing {}", path.display()))?;
+    Ok(())
 }
 
 /// Buyers, shuffled, with `duplicate_ratio` extra clicks from random buyers.
