@@ -59,6 +59,22 @@ pub enum Command {
         #[arg(long)]
         redis: bool,
     },
+    /// One screen on the engine's database and backlog (seed §12.3): open
+    /// transactions, who blocks whom, dead rows and HOT updates of the tables,
+    /// replication lag, outbox and compensation backlog, dead-letter depths. Writes
+    /// nothing.
+    Diagnose,
+    /// After a sale (seed §10.6): VACUUM (ANALYZE) the tables a sale writes and
+    /// report dead rows and sizes before and after. Refused while the activity's
+    /// sale is live, unless --force.
+    Maintain {
+        /// The activity whose sale is over.
+        #[arg(long)]
+        activity: i64,
+        /// Run even though the sale is live (VACUUM then competes with the orders).
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -137,6 +153,10 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
                         activity_close(&settings, activity).await
                     }
                     Command::Check { activity, redis } => check(&settings, activity, redis).await,
+                    Command::Diagnose => diagnose(&settings).await,
+                    Command::Maintain { activity, force } => {
+                        maintain(&settings, activity, force).await
+                    }
                     Command::Reshard { shards } => reshard(&settings, shards).await,
                     Command::Serve => unreachable!("handled above"),
                 }
@@ -349,6 +369,190 @@ async fn activity_close(settings: &Settings, activity_id: i64) -> anyhow::Result
             ExitCode::FAILURE
         }
     })
+}
+
+/// `maintain`: VACUUM (ANALYZE) after the sale of `activity_id`, one line per table.
+async fn maintain(settings: &Settings, activity_id: i64, force: bool) -> anyhow::Result<ExitCode> {
+    use crate::store::maintain::{sale_state, vacuum_hot_tables, SaleState};
+    let config = store::pg_config(&settings.database)?;
+    let mut client = store::connect(&config)
+        .await
+        .context("connecting to PostgreSQL")?;
+    migrate::verify(&mut client).await?;
+    match sale_state(&client, activity_id).await? {
+        SaleState::Unknown => {
+            eprintln!("error: no activity {activity_id}");
+            return Ok(ExitCode::FAILURE);
+        }
+        SaleState::Live if !force => {
+            eprintln!("error: the sale of activity {activity_id} is live (VACUUM would compete with its orders); close it first (`activity close`) or pass --force");
+            return Ok(ExitCode::FAILURE);
+        }
+        _ => {}
+    }
+    println!(
+        "{:<22} {:>12} {:>12} {:>12} {:>12}",
+        "table", "dead before", "dead after", "MB before", "MB after"
+    );
+    let mut freed = 0i64;
+    for t in vacuum_hot_tables(&client).await.context("vacuuming")? {
+        freed += t.bytes_before - t.bytes_after;
+        println!(
+            "{:<22} {:>12} {:>12} {:>12.1} {:>12.1}",
+            t.table,
+            t.dead_rows_before,
+            t.dead_rows_after,
+            t.bytes_before as f64 / 1e6,
+            t.bytes_after as f64 / 1e6
+        );
+    }
+    println!(
+        "vacuumed and analyzed; {:.1} MB returned to the file system (the space of the other dead rows is reused by the next sale)",
+        freed.max(0) as f64 / 1e6
+    );
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `diagnose`: prints what `store::diagnose` and the backlog gauges read, then the
+/// dead-letter queues' depths (or why the broker could not say).
+async fn diagnose(settings: &Settings) -> anyhow::Result<ExitCode> {
+    let config = store::pg_config(&settings.database)?;
+    let mut client = store::connect(&config)
+        .await
+        .context("connecting to PostgreSQL")?;
+    let d = store::diagnose::diagnose(&mut client)
+        .await
+        .context("reading the database's state")?;
+    println!("open transactions (oldest first, at most 10):");
+    if d.open_transactions.is_empty() {
+        println!("  none");
+    }
+    for t in &d.open_transactions {
+        println!(
+            "  pid {:<7} {:>9.3} s  {:<20} {:<8} wait {:<24} {}",
+            t.pid,
+            t.transaction_seconds,
+            t.application_name,
+            t.state,
+            t.wait.as_deref().unwrap_or("-"),
+            t.query
+        );
+    }
+    println!("blocked sessions:");
+    if d.blocked.is_empty() {
+        println!("  none");
+    }
+    for b in &d.blocked {
+        println!(
+            "  pid {} waits {:.3} s on {}: {}",
+            b.pid,
+            b.waiting_seconds,
+            b.wait.as_deref().unwrap_or("-"),
+            b.query
+        );
+        for blocker in &b.blockers {
+            println!(
+                "    blocked by pid {} ({}, {}, transaction open {}): {}",
+                blocker.pid,
+                if blocker.application_name.is_empty() {
+                    "no application name"
+                } else {
+                    &blocker.application_name
+                },
+                blocker.state,
+                blocker
+                    .transaction_seconds
+                    .map(|s| format!("{s:.3} s"))
+                    .unwrap_or_else(|| "-".into()),
+                blocker.query
+            );
+        }
+    }
+    println!("tables (most dead rows first):");
+    println!(
+        "  {:<22} {:>10} {:>10} {:>10} {:>7}  last vacuum / analyze",
+        "table", "live", "dead", "updates", "HOT"
+    );
+    for t in &d.tables {
+        let when = |at: Option<chrono::DateTime<chrono::Utc>>| {
+            at.map(|at| at.format("%Y-%m-%d %H:%M:%S").to_string())
+                .unwrap_or_else(|| "never".into())
+        };
+        println!(
+            "  {:<22} {:>10} {:>10} {:>10} {:>7}  {} / {}",
+            t.table,
+            t.live_rows,
+            t.dead_rows,
+            t.updates,
+            t.hot_ratio()
+                .map(|r| format!("{:.0} %", r * 100.0))
+                .unwrap_or_else(|| "-".into()),
+            when(t.last_vacuum),
+            when(t.last_analyze)
+        );
+    }
+    match &d.standbys {
+        None => println!("replication: this server is a standby"),
+        Some(standbys) if standbys.is_empty() => println!("replication: no standby connected"),
+        Some(standbys) => {
+            println!("replication:");
+            for s in standbys {
+                println!(
+                    "  {:<16} {:<10} {:<6} replay lag {}, {} bytes behind",
+                    s.name,
+                    s.state,
+                    s.sync_state,
+                    s.replay_lag_seconds
+                        .map(|l| format!("{l:.3} s"))
+                        .unwrap_or_else(|| "-".into()),
+                    s.replay_bytes_behind
+                        .map(|b| b.to_string())
+                        .unwrap_or_else(|| "-".into())
+                );
+            }
+        }
+    }
+    let pool = {
+        let mut db = settings.database.clone();
+        db.pool_size = 1;
+        store::build_pool(&db).context("a connection for the backlog")?
+    };
+    let backlog = store::ops::backlog(&pool)
+        .await
+        .context("reading the backlog")?;
+    let capped = |n: i64| {
+        if n >= store::ops::BACKLOG_COUNT_CAP {
+            format!("{n}+")
+        } else {
+            n.to_string()
+        }
+    };
+    println!(
+        "backlog: outbox {} waiting (oldest {:.1} s), {} dead; compensation {} waiting (oldest {:.1} s), {} for review",
+        capped(backlog.outbox_pending),
+        backlog.outbox_oldest_pending_age_seconds,
+        backlog.outbox_dead,
+        capped(backlog.compensation_pending),
+        backlog.compensation_oldest_pending_age_seconds,
+        backlog.compensation_manual_review
+    );
+    let names = crate::mq::topology::Names::new(&settings.amqp.namespace);
+    let depths = async {
+        let connection = crate::mq::connect(&settings.amqp, "seckill-diagnose").await?;
+        let channel = connection.create_channel().await?;
+        let mut depths = Vec::new();
+        for queue in [names.order_dead_queue(), names.payment_dead_queue()] {
+            let counts = crate::mq::queue_counts(&channel, &queue).await?;
+            depths.push(format!("{queue} {}", counts.messages));
+        }
+        crate::mq::close(&connection, &[&channel]).await;
+        Ok::<_, crate::mq::MqError>(depths)
+    };
+    match depths.await {
+        Ok(depths) => println!("dead letters: {}", depths.join(", ")),
+        Err(e) => println!("dead letters: unknown ({e})"),
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 async fn check(

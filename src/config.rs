@@ -64,6 +64,10 @@ pub struct AdminSettings {
     /// Bearer token for the `/admin/*` operations; without one they are off (404).
     #[serde(default)]
     pub token: Option<SecretString>,
+    /// Bearer token `/metrics` requires when set (off by default: scrapers on a
+    /// private network).
+    #[serde(default)]
+    pub metrics_token: Option<SecretString>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -411,48 +415,146 @@ impl Settings {
         if self.database.pool_size == 0 {
             return Err(invalid("database.pool_size", "must be at least 1".into()));
         }
-        for (key, value) in [
+        // Every duration, TTL and batch size is bounded: zero can lose a unit or spin
+        // a loop, an enormous value can overflow a timestamp or hold work forever.
+        const SECOND_MS: u64 = 1_000;
+        const HOUR_MS: u64 = 3_600_000;
+        const DAY_MS: u64 = 86_400_000;
+        const DAY_SECS: u64 = 86_400;
+        let (outbox, compensation) = (&self.outbox, &self.compensation);
+        for (key, value, min, max) in [
             (
                 "database.connect_timeout_ms",
                 self.database.connect_timeout_ms,
+                1,
+                10 * 60 * SECOND_MS,
             ),
             (
                 "database.acquire_timeout_ms",
                 self.database.acquire_timeout_ms,
+                1,
+                10 * 60 * SECOND_MS,
             ),
-            ("database.lock_timeout_ms", self.database.lock_timeout_ms),
+            (
+                "database.lock_timeout_ms",
+                self.database.lock_timeout_ms,
+                1,
+                10 * 60 * SECOND_MS,
+            ),
             (
                 "database.statement_timeout_ms",
                 self.database.statement_timeout_ms,
+                1,
+                HOUR_MS,
             ),
-            ("amqp.retry_delay_ms", self.amqp.retry_delay_ms),
-            ("outbox.interval_ms", self.outbox.interval_ms),
-            ("outbox.lease_ms", self.outbox.lease_ms),
-            ("outbox.backoff_base_ms", self.outbox.backoff_base_ms),
-            ("outbox.batch_size", u64::from(self.outbox.batch_size)),
-            ("sweeper.interval_ms", self.sweeper.interval_ms),
-            ("sweeper.batch_size", u64::from(self.sweeper.batch_size)),
-            ("compensation.interval_ms", self.compensation.interval_ms),
-            ("compensation.lease_ms", self.compensation.lease_ms),
+            ("amqp.retry_delay_ms", self.amqp.retry_delay_ms, 1, HOUR_MS),
+            ("outbox.interval_ms", outbox.interval_ms, 1, HOUR_MS),
+            (
+                "outbox.busy_interval_ms",
+                outbox.busy_interval_ms,
+                0,
+                HOUR_MS,
+            ),
+            ("outbox.max_lag_ms", outbox.max_lag_ms, 1, DAY_MS),
+            ("outbox.lease_ms", outbox.lease_ms, 1, HOUR_MS),
+            ("outbox.backoff_base_ms", outbox.backoff_base_ms, 1, HOUR_MS),
+            (
+                "outbox.backoff_max_ms",
+                outbox.backoff_max_ms,
+                outbox.backoff_base_ms,
+                DAY_MS,
+            ),
+            (
+                "outbox.retention_secs",
+                outbox.retention_secs,
+                60,
+                400 * DAY_SECS,
+            ),
+            (
+                "outbox.batch_size",
+                u64::from(outbox.batch_size),
+                1,
+                100_000,
+            ),
+            ("sweeper.interval_ms", self.sweeper.interval_ms, 1, HOUR_MS),
+            (
+                "sweeper.batch_size",
+                u64::from(self.sweeper.batch_size),
+                1,
+                100_000,
+            ),
+            (
+                "compensation.interval_ms",
+                compensation.interval_ms,
+                1,
+                HOUR_MS,
+            ),
+            ("compensation.lease_ms", compensation.lease_ms, 1, HOUR_MS),
             (
                 "compensation.backoff_base_ms",
-                self.compensation.backoff_base_ms,
+                compensation.backoff_base_ms,
+                1,
+                HOUR_MS,
+            ),
+            (
+                "compensation.backoff_max_ms",
+                compensation.backoff_max_ms,
+                compensation.backoff_base_ms,
+                DAY_MS,
+            ),
+            // The give-back marker must outlive every retry of a give-back.
+            (
+                "compensation.released_marker_ttl_secs",
+                compensation.released_marker_ttl_secs,
+                3_600,
+                400 * DAY_SECS,
             ),
             (
                 "compensation.batch_size",
-                u64::from(self.compensation.batch_size),
+                u64::from(compensation.batch_size),
+                1,
+                100_000,
             ),
             (
                 "supervisor.restart_base_ms",
                 self.supervisor.restart_base_ms,
+                1,
+                HOUR_MS,
+            ),
+            (
+                "supervisor.restart_max_ms",
+                self.supervisor.restart_max_ms,
+                self.supervisor.restart_base_ms,
+                HOUR_MS,
             ),
             (
                 "telemetry.sample_interval_ms",
                 self.telemetry.sample_interval_ms,
+                100,
+                HOUR_MS,
             ),
+            (
+                "frontstage.reservation_ttl_ms",
+                self.frontstage.reservation_ttl_ms,
+                SECOND_MS,
+                DAY_MS,
+            ),
+            (
+                "frontstage.request_ttl_secs",
+                self.frontstage.request_ttl_secs,
+                1,
+                30 * DAY_SECS,
+            ),
+            (
+                "frontstage.reconcile_interval_ms",
+                self.frontstage.reconcile_interval_ms,
+                10,
+                HOUR_MS,
+            ),
+            ("shutdown.grace_ms", self.shutdown.grace_ms, 0, HOUR_MS),
         ] {
-            if value == 0 {
-                return Err(invalid(key, "must be greater than 0".into()));
+            if !(min..=max).contains(&value) {
+                return Err(invalid(key, format!("must be between {min} and {max}")));
             }
         }
         if self.database.tx_max_attempts == 0 {
@@ -571,13 +673,16 @@ impl Settings {
             addr.parse::<SocketAddr>()
                 .map_err(|e| invalid(key, format!("not a socket address: {e}")))?;
         }
-        if let Some(token) = &self.admin.token {
+        for (key, token) in [
+            ("admin.token", &self.admin.token),
+            ("admin.metrics_token", &self.admin.metrics_token),
+        ] {
             // Short tokens can be guessed; the admin API can replay and retry work.
-            if token.expose_secret().len() < 16 {
-                return Err(invalid(
-                    "admin.token",
-                    "must be at least 16 characters".into(),
-                ));
+            if token
+                .as_ref()
+                .is_some_and(|token| token.expose_secret().len() < 16)
+            {
+                return Err(invalid(key, "must be at least 16 characters".into()));
             }
         }
         tracing_subscriber::EnvFilter::try_new(&self.telemetry.level)
@@ -754,6 +859,62 @@ mod tests {
             assert!(err.contains("engine.order_transactions"), "{err}");
             Ok(())
         });
+    }
+
+    /// Every duration and TTL is bounded: zero and enormous values are refused,
+    /// naming the key (issue 36 pt 7).
+    #[test]
+    fn durations_and_ttls_out_of_bounds_are_rejected_naming_the_key() {
+        for (var, value, key) in [
+            (
+                "SECKILL__FRONTSTAGE__REQUEST_TTL_SECS",
+                "0",
+                "frontstage.request_ttl_secs",
+            ),
+            (
+                "SECKILL__FRONTSTAGE__RESERVATION_TTL_MS",
+                "0",
+                "frontstage.reservation_ttl_ms",
+            ),
+            (
+                "SECKILL__FRONTSTAGE__RESERVATION_TTL_MS",
+                "18446744073709551615",
+                "frontstage.reservation_ttl_ms",
+            ),
+            (
+                "SECKILL__COMPENSATION__RELEASED_MARKER_TTL_SECS",
+                "0",
+                "compensation.released_marker_ttl_secs",
+            ),
+            (
+                "SECKILL__OUTBOX__RETENTION_SECS",
+                "0",
+                "outbox.retention_secs",
+            ),
+            (
+                "SECKILL__OUTBOX__BACKOFF_MAX_MS",
+                "1",
+                "outbox.backoff_max_ms",
+            ),
+            (
+                "SECKILL__SHUTDOWN__GRACE_MS",
+                "99999999999",
+                "shutdown.grace_ms",
+            ),
+            (
+                "SECKILL__TELEMETRY__SAMPLE_INTERVAL_MS",
+                "1",
+                "telemetry.sample_interval_ms",
+            ),
+        ] {
+            Jail::expect_with(|jail| {
+                jail.set_env(var, value);
+                let err = Settings::load(None).expect_err(var).to_string();
+                assert!(err.contains(key), "{var}={value}: {err}");
+                assert!(err.contains("must be between"), "{var}={value}: {err}");
+                Ok(())
+            });
+        }
     }
 
     #[test]

@@ -21,6 +21,8 @@ pub struct Admin {
     intakes: Arc<IntakeStats>,
     readiness: Arc<Readiness>,
     expected_intakes: usize,
+    /// `admin.metrics_token`: `/metrics` answers 401 without it.
+    metrics_token: Option<secrecy::SecretString>,
 }
 
 pub async fn start(
@@ -42,6 +44,7 @@ pub async fn start(
         intakes,
         readiness,
         expected_intakes: settings.owned_shards().len() + 1,
+        metrics_token: settings.admin.metrics_token.clone(),
     });
     crate::telemetry::metrics();
     let server = HttpServer::new(move || {
@@ -152,7 +155,21 @@ async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
     }
 }
 
-async fn metrics() -> HttpResponse {
+async fn metrics(admin: web::Data<Admin>, req: actix_web::HttpRequest) -> HttpResponse {
+    if let Some(token) = &admin.metrics_token {
+        use secrecy::ExposeSecret;
+        let presented = req
+            .headers()
+            .get(actix_web::http::header::AUTHORIZATION)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.strip_prefix("Bearer "))
+            .unwrap_or("");
+        if !super::operations::constant_time_eq(presented, token.expose_secret()) {
+            return HttpResponse::Unauthorized()
+                .insert_header((actix_web::http::header::WWW_AUTHENTICATE, "Bearer"))
+                .json(json!({"error": "missing or wrong bearer token (admin.metrics_token)"}));
+        }
+    }
     match crate::telemetry::metrics() {
         Some(handle) => HttpResponse::Ok()
             .content_type("text/plain; version=0.0.4")

@@ -486,7 +486,13 @@ async fn reserve(
         currency: sku.currency.clone(),
         reserved_at: now,
         reservation_ttl_ms: ttl_ms,
-        order_expire_at: now + TimeDelta::milliseconds(sku.order_ttl_ms),
+        // Clamped as `activity create` bounds it: an activity's rules edited by hand
+        // must not overflow the deadline.
+        order_expire_at: now
+            + TimeDelta::milliseconds(
+                sku.order_ttl_ms
+                    .clamp(1_000, crate::store::activity::MAX_ORDER_TTL_MS),
+            ),
     };
     let pending = PendingMember {
         reservation_id,

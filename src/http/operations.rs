@@ -48,7 +48,8 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .route("/outbox/dead/retry", web::post().to(outbox_retry))
             .route("/dlq", web::get().to(dlq_list))
             .route("/dlq/replay", web::post().to(dlq_replay))
-            .route("/compensation/review", web::get().to(compensation_review)),
+            .route("/compensation/review", web::get().to(compensation_review))
+            .route("/maintain", web::post().to(maintain)),
     );
 }
 
@@ -59,6 +60,7 @@ struct Operator {
 }
 
 /// Why a request was refused.
+#[derive(Debug)]
 enum Refused {
     Off,
     BadToken,
@@ -103,9 +105,46 @@ fn authorize(req: &HttpRequest, ops: &Operations) -> Result<Operator, Refused> {
     Ok(Operator { name, peer })
 }
 
+/// The operator, once the bearer token checked out. An extractor, listed before the
+/// body in every handler that takes one: actix extracts in order, so a request
+/// without the right token is refused before its body is read.
+struct Authorized(Operator);
+
+impl actix_web::FromRequest for Authorized {
+    type Error = RefusedError;
+    type Future = std::future::Ready<Result<Self, Self::Error>>;
+
+    fn from_request(req: &HttpRequest, _: &mut actix_web::dev::Payload) -> Self::Future {
+        let checked = match req.app_data::<web::Data<Operations>>() {
+            Some(ops) => authorize(req, ops),
+            None => Err(Refused::Off),
+        };
+        std::future::ready(checked.map(Authorized).map_err(RefusedError))
+    }
+}
+
+/// A refusal as an actix error, answered as `Refused::response`.
+#[derive(Debug)]
+struct RefusedError(Refused);
+
+impl std::fmt::Display for RefusedError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self.0 {
+            Refused::Off => "the admin API is off",
+            Refused::BadToken => "missing or wrong bearer token",
+        })
+    }
+}
+
+impl actix_web::ResponseError for RefusedError {
+    fn error_response(&self) -> HttpResponse {
+        self.0.response()
+    }
+}
+
 /// Compares digests, so neither the content nor the length of the token leaks
 /// through timing.
-fn constant_time_eq(presented: &str, expected: &str) -> bool {
+pub(crate) fn constant_time_eq(presented: &str, expected: &str) -> bool {
     let a = Sha256::digest(presented.as_bytes());
     let b = Sha256::digest(expected.as_bytes());
     a.iter()
@@ -212,11 +251,10 @@ struct RetryRequest {
 }
 
 async fn outbox_retry(
-    req: HttpRequest,
+    Authorized(who): Authorized,
     ops: web::Data<Operations>,
     body: web::Json<RetryRequest>,
 ) -> HttpResponse {
-    let who = authorized!(req, ops);
     let target = match (&body.event_id, body.all) {
         (Some(id), false) => Some(*id),
         (None, true) => None,
@@ -261,11 +299,10 @@ struct ReplayRequest {
 }
 
 async fn dlq_replay(
-    req: HttpRequest,
+    Authorized(who): Authorized,
     ops: web::Data<Operations>,
     body: web::Json<ReplayRequest>,
 ) -> HttpResponse {
-    let who = authorized!(req, ops);
     let selection = match (&body.message_id, body.all) {
         (Some(id), false) => Selection::MessageId(id.clone()),
         (None, true) => Selection::All,
@@ -317,5 +354,54 @@ mod tests {
             "0123456789abcdef0",
             "0123456789abcdef"
         ));
+    }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MaintainRequest {
+    activity_id: i64,
+    #[serde(default)]
+    force: bool,
+}
+
+/// `POST /admin/maintain {"activity_id": A, "force": false}`: what `seckill-engine
+/// maintain` does (`store::maintain`), answered with each table's figures.
+async fn maintain(
+    Authorized(who): Authorized,
+    ops: web::Data<Operations>,
+    body: web::Json<MaintainRequest>,
+) -> HttpResponse {
+    use crate::store::maintain::{sale_state, vacuum_hot_tables, SaleState};
+    let Ok(conn) = ops.pool.get().await else {
+        return HttpResponse::ServiceUnavailable().json(json!({"error": "no database connection"}));
+    };
+    match sale_state(&conn.client, body.activity_id).await {
+        Ok(SaleState::Unknown) => {
+            return HttpResponse::NotFound()
+                .json(json!({"error": format!("no activity {}", body.activity_id)}))
+        }
+        Ok(SaleState::Live) if !body.force => {
+            return HttpResponse::Conflict().json(json!({
+                "error": "the sale is live (VACUUM would compete with its orders): close it first, or send \"force\": true"
+            }))
+        }
+        Ok(_) => {}
+        Err(e) => return store_error(e.into()),
+    }
+    match vacuum_hot_tables(&conn.client).await {
+        Ok(tables) => {
+            audit(&who, "maintain", &format!("activity {}", body.activity_id));
+            HttpResponse::Ok().json(json!({
+                "tables": tables.iter().map(|t| json!({
+                    "table": t.table,
+                    "dead_rows_before": t.dead_rows_before,
+                    "dead_rows_after": t.dead_rows_after,
+                    "bytes_before": t.bytes_before,
+                    "bytes_after": t.bytes_after,
+                })).collect::<Vec<_>>(),
+            }))
+        }
+        Err(e) => store_error(e.into()),
     }
 }

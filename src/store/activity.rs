@@ -59,8 +59,10 @@ impl ActivitySpec {
         if self.starts_at >= self.ends_at {
             return bad("--starts-at must be before --ends-at");
         }
-        if self.order_ttl_ms <= 0 {
-            return bad("--order-ttl must be positive");
+        // An unpaid order is held at most a week: the sweeper's deadline must stay a
+        // representable time, and stock held longer is no longer a flash sale's.
+        if !(1_000..=MAX_ORDER_TTL_MS).contains(&self.order_ttl_ms) {
+            return bad("--order-ttl must be between 1 and 604800 seconds");
         }
         if self.title.is_empty() || self.title.chars().count() > 128 {
             return bad("--title must be 1-128 characters");
@@ -68,6 +70,9 @@ impl ActivitySpec {
         Ok(())
     }
 }
+
+/// The longest an unpaid order may hold its unit (`--order-ttl`).
+pub const MAX_ORDER_TTL_MS: i64 = 7 * 86_400_000;
 
 /// Creates the activity; returns the stock of each bucket.
 pub async fn create_activity(

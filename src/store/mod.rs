@@ -4,8 +4,10 @@
 
 pub mod activity;
 pub mod compensation;
+pub mod diagnose;
 mod inbox;
 pub mod invariants;
+pub mod maintain;
 pub mod migrate;
 pub mod node_lease;
 pub mod ops;

@@ -591,3 +591,95 @@ pub async fn consumers(amqp: &lapin::Connection, queue: &str) -> Option<u32> {
     let _ = channel.close(200, "probe".into()).await;
     Some(q.consumer_count())
 }
+
+/// A Redis server of the test's own (`redis-server`, which `scripts/services`
+/// installs), on a free port with its append-only file in a directory of its own,
+/// so that a test can kill its clients or restart it without touching the Redis the
+/// other tests share.
+pub struct PrivateRedis {
+    pub port: u16,
+    dir: std::path::PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl PrivateRedis {
+    pub async fn start() -> PrivateRedis {
+        let port = free_port();
+        let dir = std::env::temp_dir().join(format!("seckill-it-redis-{port}"));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("the private Redis's directory");
+        let mut redis = PrivateRedis {
+            port,
+            dir,
+            child: None,
+        };
+        redis.run().await;
+        redis
+    }
+
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// Starts the server (again, on the same port and data) and waits for a PING.
+    pub async fn run(&mut self) {
+        let child = std::process::Command::new("redis-server")
+            .args(["--port", &self.port.to_string(), "--bind", "127.0.0.1"])
+            .args([
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+            ])
+            .arg("--dir")
+            .arg(&self.dir)
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .expect("redis-server (installed by scripts/services)");
+        self.child = Some(child);
+        let url = self.url();
+        assert!(
+            wait_until(Duration::from_secs(10), || {
+                let url = url.clone();
+                async move {
+                    let Ok(client) = ::redis::Client::open(url) else {
+                        return false;
+                    };
+                    let Ok(mut conn) = client.get_multiplexed_async_connection().await else {
+                        return false;
+                    };
+                    ::redis::cmd("PING")
+                        .query_async::<String>(&mut conn)
+                        .await
+                        .is_ok()
+                }
+            })
+            .await,
+            "the private Redis did not answer"
+        );
+    }
+
+    /// Shuts the server down as an operator would (its data kept) and waits for it.
+    pub async fn stop(&mut self) {
+        if let Ok(client) = ::redis::Client::open(self.url()) {
+            if let Ok(mut conn) = client.get_multiplexed_async_connection().await {
+                let _: Result<(), _> = ::redis::cmd("SHUTDOWN").query_async(&mut conn).await;
+            }
+        }
+        if let Some(mut child) = self.child.take() {
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for PrivateRedis {
+    fn drop(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}

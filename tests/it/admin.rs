@@ -128,9 +128,53 @@ async fn admin_api_is_off_without_a_token_and_refuses_requests_without_it() {
         !engine.readiness.is_paused(),
         "a refused pause changed nothing"
     );
-    // Probes stay open: they are for the orchestrator, not for operators.
+    // The token is checked before the body is read: a body that is not even JSON
+    // gets 401 without it, and 400 only with it.
+    for path in ["/admin/dlq/replay", "/admin/outbox/dead/retry"] {
+        let garbled = |token: Option<&str>| {
+            let mut req = api
+                .client
+                .post(format!("{}{path}", api.base))
+                .insert_header(("content-type", "application/json"));
+            if let Some(token) = token {
+                req = req.insert_header(("Authorization", format!("Bearer {token}")));
+            }
+            async move { req.send_body("{not json").await.unwrap().status() }
+        };
+        assert_eq!(garbled(None).await, StatusCode::UNAUTHORIZED, "{path}");
+        assert_eq!(
+            garbled(Some(TOKEN)).await,
+            StatusCode::BAD_REQUEST,
+            "{path}"
+        );
+    }
+    // Probes stay open: they are for the orchestrator, not for operators; so are the
+    // metrics until admin.metrics_token is set.
     let (status, _) = api.call("GET", "/livez", None, None).await;
     assert_eq!(status, StatusCode::OK);
+    let (status, _) = api.call("GET", "/metrics", None, None).await;
+    assert_ne!(status, StatusCode::UNAUTHORIZED);
+    handle.stop(true).await;
+
+    const METRICS_TOKEN: &str = "test-metrics-token-0123456789";
+    settings.admin.metrics_token = Some(METRICS_TOKEN.to_owned().into());
+    let (handle, api) = listen(&engine, &settings).await;
+    let (status, _) = api.call("GET", "/metrics", None, None).await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "/metrics without its token"
+    );
+    let (status, _) = api.call("GET", "/metrics", Some(TOKEN), None).await;
+    assert_eq!(
+        status,
+        StatusCode::UNAUTHORIZED,
+        "the admin token is not the metrics token"
+    );
+    let (status, _) = api.call("GET", "/metrics", Some(METRICS_TOKEN), None).await;
+    assert_ne!(status, StatusCode::UNAUTHORIZED, "/metrics with its token");
+    let (status, _) = api.call("GET", "/readyz", None, None).await;
+    assert_ne!(status, StatusCode::UNAUTHORIZED, "probes stay open");
     handle.stop(true).await;
     engine.stop().await;
     env.cleanup().await;
@@ -360,6 +404,64 @@ async fn dead_outbox_rows_are_listed_and_retried_and_review_tasks_listed() {
     assert_eq!(tasks[0]["status"], json!("MANUAL_REVIEW"));
     assert_eq!(tasks[0]["last_error"], json!("refund refused"));
 
+    handle.stop(true).await;
+    engine.stop().await;
+    env.cleanup().await;
+}
+
+/// `POST /admin/maintain` vacuums after a sale, refuses a live one without
+/// `"force": true` and an unknown activity, and needs the token (issue 35 pt 5).
+#[actix_rt::test]
+async fn maintain_over_the_operator_api_refuses_a_live_sale_and_vacuums_after_it() {
+    let env = TestEnv::with(with_token).await;
+    let mut db = env.db().await;
+    crate::common::builders::activity(&mut db, 35, 1, 5, 1).await;
+    let (engine, handle, api) = start(&env.settings).await;
+    let (status, _) = api
+        .call(
+            "POST",
+            "/admin/maintain",
+            None,
+            Some(json!({"activity_id": 35})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::UNAUTHORIZED);
+    let (status, body) = api
+        .call(
+            "POST",
+            "/admin/maintain",
+            Some(TOKEN),
+            Some(json!({"activity_id": 35})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::CONFLICT, "{body}");
+    let (status, _) = api
+        .call(
+            "POST",
+            "/admin/maintain",
+            Some(TOKEN),
+            Some(json!({"activity_id": 999})),
+        )
+        .await;
+    assert_eq!(status, StatusCode::NOT_FOUND);
+    seckill_engine::store::activity::close_activity(&db, 35)
+        .await
+        .unwrap();
+    let body = api
+        .post("/admin/maintain", json!({"activity_id": 35}))
+        .await;
+    let tables = body["tables"].as_array().unwrap();
+    assert!(
+        tables.iter().any(|t| t["table"] == "sku_inventory"),
+        "{body}"
+    );
+    let vacuumed = crate::common::count(
+        &db,
+        "SELECT count(*) FROM pg_stat_user_tables
+         WHERE relname = 'orders' AND last_vacuum IS NOT NULL AND last_analyze IS NOT NULL",
+    )
+    .await;
+    assert_eq!(vacuumed, 1);
     handle.stop(true).await;
     engine.stop().await;
     env.cleanup().await;

@@ -248,6 +248,31 @@ async fn activity_create_loads_postgres_and_redis_and_refuses_to_overwrite() {
         .unwrap()
         .get(0);
     assert_eq!(planned, 10, "the second run must not overwrite");
+    // An order TTL of zero or of centuries is refused, naming the flag, not a panic.
+    for ttl in ["0", "99999999999999"] {
+        let out = run(env_of(&mut engine(), &env).args([
+            "activity",
+            "create",
+            "--activity",
+            "39",
+            "--sku",
+            "1",
+            "--stock",
+            "1",
+            "--buckets",
+            "1",
+            "--price",
+            "1",
+            "--order-ttl",
+            ttl,
+        ]));
+        assert!(!out.ok, "{}", out.text);
+        assert!(
+            out.text.contains("--order-ttl must be between"),
+            "{}",
+            out.text
+        );
+    }
     env.cleanup().await;
 }
 
@@ -294,6 +319,95 @@ async fn check_passes_on_clean_data_and_fails_on_a_broken_invariant() {
     // Another activity is unaffected.
     let out = run(env_of(&mut engine(), &env).args(["check", "--activity", "999"]));
     assert!(out.ok, "{}", out.text);
+    env.cleanup().await;
+}
+
+/// `diagnose` names the session that holds a lock another waits for, lists the open
+/// transactions and the tables, and writes nothing: it runs here on connections
+/// that refuse any write (issue 35 pt 3).
+#[tokio::test]
+async fn diagnose_names_the_blocker_and_writes_nothing() {
+    let env = crate::common::TestEnv::new().await;
+    let mut db = env.db().await;
+    crate::common::builders::activity(&mut db, 33, 1, 5, 1).await;
+    // The engine's queues, so that their dead-letter depths can be read.
+    crate::common::engine::EngineHandle::start(&env.settings)
+        .await
+        .stop()
+        .await;
+    let mut holder = env.db().await;
+    holder
+        .batch_execute("SET application_name = 'it-lock-holder'")
+        .await
+        .unwrap();
+    let holder_pid: i32 = holder
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let hold = holder.transaction().await.unwrap();
+    hold.execute(
+        "UPDATE sku_inventory SET version = version + 1 WHERE activity_id = 33",
+        &[],
+    )
+    .await
+    .unwrap();
+    let waiter = env.db().await;
+    let waiter_pid: i32 = waiter
+        .query_one("SELECT pg_backend_pid()", &[])
+        .await
+        .unwrap()
+        .get(0);
+    let waiting = tokio::spawn(async move {
+        waiter
+            .execute(
+                "UPDATE sku_inventory SET version = version + 1 WHERE activity_id = 33",
+                &[],
+            )
+            .await
+    });
+    assert!(
+        crate::common::wait_until(std::time::Duration::from_secs(10), || async {
+            crate::common::count(
+                &db,
+                &format!(
+                    "SELECT count(*) FROM pg_stat_activity WHERE pid = {waiter_pid} AND wait_event_type = 'Lock'"
+                ),
+            )
+            .await
+                == 1
+        })
+        .await
+    );
+    let url = env.settings.database.url.expose_secret();
+    let sep = if url.contains('?') { '&' } else { '?' };
+    let read_only = format!("{url}{sep}options=-c%20default_transaction_read_only%3Don");
+    let out = run(env_of(&mut engine(), &env)
+        .env("SECKILL__DATABASE__URL", read_only)
+        .arg("diagnose"));
+    assert!(out.ok, "{}", out.text);
+    assert!(
+        out.text.contains(&format!("pid {waiter_pid} waits")),
+        "{}",
+        out.text
+    );
+    assert!(
+        out.text
+            .contains(&format!("blocked by pid {holder_pid} (it-lock-holder")),
+        "{}",
+        out.text
+    );
+    for line in [
+        "open transactions",
+        "sku_inventory",
+        "backlog: outbox",
+        "dead letters: ",
+    ] {
+        assert!(out.text.contains(line), "{line}: {}", out.text);
+    }
+    assert!(!out.text.contains("dead letters: unknown"), "{}", out.text);
+    hold.rollback().await.unwrap();
+    waiting.await.unwrap().unwrap();
     env.cleanup().await;
 }
 
@@ -901,6 +1015,11 @@ fn no_secret_appears_in_any_output_for_bad_values() {
         ),
         ("SECKILL__REDIS__URL", format!("redis:/:{SECRET}@127.0.0.1")),
         ("SECKILL__ADMIN__TOKEN", SECRET.to_owned()),
+        ("SECKILL__ADMIN__METRICS_TOKEN", SECRET.to_owned()),
+        (
+            "SECKILL__DATABASE__REPLICA_URL",
+            format!("postgres//reader:{SECRET}@127.0.0.1/x"),
+        ),
         // Too short to be accepted: the error names the key, never the value.
         ("SECKILL__FRONTSTAGE__AUTH__HS256_SECRET", SECRET.to_owned()),
         (
@@ -1580,5 +1699,87 @@ async fn a_cut_off_instance_s_shards_move_within_15_s_and_come_back() {
         delta(at_heal.0, at_cut.0),
         delta(at_heal.1, at_cut.1)
     );
+    env.cleanup().await;
+}
+
+/// `maintain` refuses a live sale without --force and names the activity; after
+/// the sale it vacuums the tables a sale writes and reports their dead rows before
+/// and after (issue 35 pt 5).
+#[tokio::test]
+async fn maintain_vacuums_the_hot_tables_after_the_sale_and_reports_dead_rows() {
+    let env = crate::common::TestEnv::new().await;
+    let mut db = env.db().await;
+    crate::common::builders::activity(&mut db, 34, 1, 5, 1).await;
+    // Dead rows, as a sale leaves them on the inventory row; autovacuum (eager on
+    // this table) must not take them first.
+    db.batch_execute("ALTER TABLE sku_inventory SET (autovacuum_enabled = false)")
+        .await
+        .unwrap();
+    for _ in 0..500 {
+        db.execute(
+            "UPDATE sku_inventory SET version = version + 1 WHERE activity_id = 34",
+            &[],
+        )
+        .await
+        .unwrap();
+    }
+    let live = run(env_of(&mut engine(), &env).args(["maintain", "--activity", "34"]));
+    assert!(!live.ok, "{}", live.text);
+    assert!(live.text.contains("is live"), "{}", live.text);
+    let unknown = run(env_of(&mut engine(), &env).args(["maintain", "--activity", "999"]));
+    assert!(
+        !unknown.ok && unknown.text.contains("no activity 999"),
+        "{}",
+        unknown.text
+    );
+
+    seckill_engine::store::activity::close_activity(&db, 34)
+        .await
+        .unwrap();
+    // The statistics of the updates above reach the shared counters by the time the
+    // command reads them; wait for them rather than assume.
+    assert!(
+        crate::common::wait_until(std::time::Duration::from_secs(10), || async {
+            db.batch_execute("SELECT pg_stat_clear_snapshot()")
+                .await
+                .unwrap();
+            crate::common::count(
+                &db,
+                "SELECT n_dead_tup FROM pg_stat_user_tables WHERE relname = 'sku_inventory'",
+            )
+            .await
+                > 0
+        })
+        .await
+    );
+    let out = run(env_of(&mut engine(), &env).args(["maintain", "--activity", "34"]));
+    assert!(out.ok, "{}", out.text);
+    let line = out
+        .text
+        .lines()
+        .find(|l| l.starts_with("sku_inventory"))
+        .unwrap_or_else(|| panic!("{}", out.text));
+    let numbers: Vec<f64> = line
+        .split_whitespace()
+        .skip(1)
+        .map(|n| n.parse().unwrap())
+        .collect();
+    assert!(numbers[0] > 0.0, "dead rows before: {line}");
+    assert_eq!(numbers[1], 0.0, "dead rows after: {line}");
+    for table in [
+        "orders",
+        "consumer_inbox",
+        "event_outbox",
+        "inventory_reservation",
+    ] {
+        assert!(out.text.contains(table), "{table}: {}", out.text);
+    }
+    let analyzed = crate::common::count(
+        &db,
+        "SELECT count(*) FROM pg_stat_user_tables
+         WHERE relname = 'sku_inventory' AND last_analyze IS NOT NULL AND last_vacuum IS NOT NULL",
+    )
+    .await;
+    assert_eq!(analyzed, 1, "vacuumed and analyzed");
     env.cleanup().await;
 }

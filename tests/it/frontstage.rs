@@ -1411,3 +1411,166 @@ async fn a_thousand_buyers_at_the_door_get_exactly_the_stock_once_each() {
     assert!(out.ok, "{}", out.text);
     env.cleanup().await;
 }
+
+/// Redis drops every client (`CLIENT KILL TYPE normal`), then restarts: each time
+/// the front stage's reservations succeed again within 5 s without a restart of the
+/// engine, and while Redis is down `/readyz` is 503 and buyers get 503 with
+/// `Retry-After`; nothing is lost or given twice (issue 39 pt 5). On a Redis of the
+/// test's own: the shared one serves the other tests.
+#[actix_rt::test]
+async fn reservations_survive_redis_killing_its_clients_and_restarting() {
+    let mut private = crate::common::PrivateRedis::start().await;
+    let url = private.url();
+    let env = TestEnv::with(|f| f.merge(Serialized::default("redis.url", url))).await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 69, 1, 40, 1).await;
+    let keys = SkuKeys::new(&env.settings.redis.key_prefix, 69, 1);
+    let mut redis = env.redis().await;
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[40])
+        .await
+        .unwrap();
+    let engine = EngineHandle::start(&env.settings).await;
+    let admin = engine.admin(&env.settings).await;
+    let readyz = format!("http://{}/readyz", admin.addr);
+    actix_rt::spawn(admin.server);
+    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
+    let running = seckill_engine::http::front::start(
+        &env.settings,
+        pool,
+        engine.ids.clone(),
+        engine.readiness.clone(),
+    )
+    .await
+    .unwrap();
+    let handle = running.server.handle();
+    actix_rt::spawn(running.server);
+    let front = Front::new(running.addr, &env.settings);
+    // Tokens first: fetching one needs Redis too. One buyer per attempt, so the
+    // per-user limit never answers for the store.
+    for user in 1..=30 {
+        front.purchase_token(69, user).await;
+    }
+    let next = std::cell::Cell::new(1);
+    let attempt = || {
+        let user = next.get();
+        next.set(user + 1);
+        let front = &front;
+        async move { front.reserve(69, user, Uuid::now_v7()).await }
+    };
+    let readyz_status = || {
+        let (client, readyz) = (front.client.clone(), readyz.clone());
+        async move {
+            let mut res = client.get(&readyz).send().await.unwrap();
+            let _ = res.body().await;
+            res.status().as_u16()
+        }
+    };
+    let mut queued = 0;
+    assert_eq!(attempt().await.0, 202);
+    queued += 1;
+
+    // 1. Every normal client dropped at once.
+    let mut killer = ::redis::Client::open(private.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let killed: i64 = ::redis::cmd("CLIENT")
+        .arg("KILL")
+        .arg("TYPE")
+        .arg("normal")
+        .query_async(&mut killer)
+        .await
+        .unwrap();
+    assert!(killed > 0, "nobody was connected");
+    let at = std::time::Instant::now();
+    loop {
+        let (status, body) = attempt().await;
+        if status == 202 {
+            queued += 1;
+            break;
+        }
+        assert_eq!(status, 503, "{body}");
+        assert!(
+            at.elapsed() < Duration::from_secs(5),
+            "no reservation 5 s after the kill"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    println!("clients killed → reserving again after {:?}", at.elapsed());
+
+    // 2. Redis restarts.
+    private.stop().await;
+    let down = std::time::Instant::now();
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            readyz_status().await == 503
+        })
+        .await,
+        "/readyz still 200 with Redis down"
+    );
+    let mut res = front
+        .request(
+            awc::http::Method::POST,
+            "/v1/activities/69/skus/1/reservations",
+            Some(next.get()),
+        )
+        .insert_header(("content-type", "application/json"))
+        .insert_header((
+            "x-purchase-token",
+            front.purchase_token(69, next.get()).await,
+        ))
+        .send_body(json!({"request_id": Uuid::now_v7()}).to_string())
+        .await
+        .unwrap();
+    next.set(next.get() + 1);
+    assert_eq!(res.status().as_u16(), 503);
+    assert!(res.headers().get("retry-after").is_some());
+    let _ = res.body().await;
+    println!("Redis down: /readyz 503 within {:?}", down.elapsed());
+    private.run().await;
+    let back = std::time::Instant::now();
+    loop {
+        let (status, body) = attempt().await;
+        if status == 202 {
+            queued += 1;
+            break;
+        }
+        assert_eq!(status, 503, "{body}");
+        assert!(
+            back.elapsed() < Duration::from_secs(5),
+            "no reservation 5 s after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(
+        wait_until(Duration::from_secs(5), || async {
+            readyz_status().await == 200
+        })
+        .await,
+        "/readyz not 200 {:?} after the restart",
+        back.elapsed()
+    );
+    println!(
+        "Redis restarted → reserving and ready again after {:?}",
+        back.elapsed()
+    );
+
+    assert!(
+        wait_until(Duration::from_secs(30), || async {
+            count(&db, "SELECT count(*) FROM orders").await == queued
+        })
+        .await
+    );
+    handle.stop(true).await;
+    engine.stop().await;
+    let mut redis = env.redis().await;
+    assert_eq!(
+        redis_stocks(&mut redis, &keys, 1).await,
+        vec![40 - queued],
+        "Redis kept its data and gave nothing twice"
+    );
+    assert_invariants(&db).await;
+    env.cleanup().await;
+    drop(private);
+}
