@@ -336,7 +336,7 @@ async fn activity_create(settings: &Settings, args: CreateActivity) -> anyhow::R
     let mut redis = crate::redis::connect(&settings.redis).await.context(
         "connecting to Redis (the activity exists in PostgreSQL; its Redis stock is not loaded)",
     )?;
-    crate::redis::load_stock(&mut redis, &keys, &split)
+    crate::redis::load_stock(&mut redis, &keys, &split, spec.ends_at)
         .await
         .context("loading Redis stock (the activity exists in PostgreSQL)")?;
     println!(

@@ -450,6 +450,7 @@ async fn reserve(
         (now + TimeDelta::milliseconds(ttl_ms)).timestamp_millis(),
         front.settings.request_ttl_secs,
         &format!("{reservation_id}|{order_id}|{order_no}"),
+        sku.end_at.timestamp_millis(),
     )
     .await;
     let answer = match reserved {

@@ -16,6 +16,16 @@
 //! reconciler record a reservation no message brought (store::reconcile); members
 //! written before it was added (`reservation:user:bucket`) still parse, without it.
 
+/// How long after its sale's end every key of the sale lives: past the
+/// reconciler's reach (SKUs that ended less than a day ago) plus the longest
+/// reservation TTL (a day).
+pub const SALE_KEYS_GRACE_MS: i64 = 2 * 86_400_000;
+
+/// When the keys of a sale ending at `sale_end_ms` expire (ms since the epoch).
+pub fn sale_keys_expire_at_ms(sale_end_ms: i64) -> i64 {
+    sale_end_ms.saturating_add(SALE_KEYS_GRACE_MS)
+}
+
 #[derive(Debug, Clone)]
 pub struct SkuKeys {
     base: String,

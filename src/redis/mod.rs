@@ -48,18 +48,27 @@ pub async fn connect_managed(
     .await
 }
 
-/// Loads the stock of every bucket of a SKU, and the bucket count, atomically.
+/// Loads the stock of every bucket of a SKU, and the bucket count, atomically. Like
+/// every key of the sale, they expire `keys::SALE_KEYS_GRACE` after the sale ends.
 pub async fn load_stock(
     conn: &mut impl Conn,
     keys: &SkuKeys,
     per_bucket: &[i32],
+    sale_end: chrono::DateTime<chrono::Utc>,
 ) -> Result<(), ::redis::RedisError> {
+    let expire_at = keys::sale_keys_expire_at_ms(sale_end.timestamp_millis());
     let mut pipe = ::redis::pipe();
     pipe.atomic();
     for (bucket, stock) in per_bucket.iter().enumerate() {
-        pipe.set(keys.stock(bucket as i16), *stock).ignore();
+        let key = keys.stock(bucket as i16);
+        pipe.set(&key, *stock).ignore();
+        pipe.cmd("PEXPIREAT").arg(&key).arg(expire_at).ignore();
     }
     pipe.set(keys.bucket_count(), per_bucket.len()).ignore();
+    pipe.cmd("PEXPIREAT")
+        .arg(keys.bucket_count())
+        .arg(expire_at)
+        .ignore();
     pipe.query_async::<()>(conn).await
 }
 

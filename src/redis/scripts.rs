@@ -22,7 +22,10 @@ static GIVE_BACK: LazyLock<Script> = LazyLock::new(|| {
 -- ARGV[4] pending member
 redis.call('ZREM', KEYS[4], ARGV[4])
 if redis.call('SET', KEYS[2], '1', 'NX', 'EX', ARGV[3]) then
-  redis.call('INCR', KEYS[1])
+  -- A stock key that is gone expired with its sale: nothing to give back to.
+  if redis.call('EXISTS', KEYS[1]) == 1 then
+    redis.call('INCR', KEYS[1])
+  end
   if redis.call('HGET', KEYS[3], ARGV[2]) == ARGV[1] then
     redis.call('HDEL', KEYS[3], ARGV[2])
   end
@@ -46,7 +49,7 @@ static RESERVE: LazyLock<Script> = LazyLock::new(|| {
 -- ARGV[1] user id, ARGV[2] reservation id, ARGV[3] preferred bucket,
 -- ARGV[4] expiry (ms, the pending score), ARGV[5] request key ttl (s),
 -- ARGV[6] the answer without its bucket ('reservation|order_id|order_no'),
--- ARGV[7] request id
+-- ARGV[7] request id, ARGV[8] when the sale's keys expire (ms)
 local prior = redis.call('GET', KEYS[3])
 if prior then return {'REPLAY', prior} end
 local holder = redis.call('HGET', KEYS[1], ARGV[1])
@@ -60,6 +63,8 @@ for i = 0, n - 1 do
     redis.call('DECR', key)
     redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
     redis.call('ZADD', KEYS[2], ARGV[4], ARGV[2] .. ':' .. ARGV[1] .. ':' .. b .. ':' .. ARGV[7])
+    redis.call('PEXPIREAT', KEYS[1], ARGV[8])
+    redis.call('PEXPIREAT', KEYS[2], ARGV[8])
     local answer = ARGV[6] .. '|' .. b
     redis.call('SET', KEYS[3], answer, 'EX', ARGV[5])
     return {'OK', answer}
@@ -100,6 +105,7 @@ pub async fn reserve(
     expires_at_ms: i64,
     request_ttl_secs: u64,
     answer: &str,
+    sale_end_ms: i64,
 ) -> Result<Reserved, ::redis::RedisError> {
     let preferred = user_bucket(user_id, buckets);
     let mut invocation = RESERVE.key(keys.users());
@@ -116,7 +122,8 @@ pub async fn reserve(
         .arg(expires_at_ms)
         .arg(request_ttl_secs)
         .arg(answer)
-        .arg(request_id.to_string());
+        .arg(request_id.to_string())
+        .arg(super::keys::sale_keys_expire_at_ms(sale_end_ms));
     let (kind, value): (String, String) =
         super::timed("reserve", invocation.invoke_async(conn)).await?;
     Ok(match kind.as_str() {

@@ -683,3 +683,8 @@ impl Drop for PrivateRedis {
         let _ = std::fs::remove_dir_all(&self.dir);
     }
 }
+
+/// The end of a test's sale, for the Redis keys' expiry: a day from now.
+pub fn sale_end() -> chrono::DateTime<chrono::Utc> {
+    chrono::Utc::now() + chrono::TimeDelta::days(1)
+}

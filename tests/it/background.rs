@@ -474,9 +474,14 @@ async fn the_sweeper_returns_expired_stock_and_redis_gets_each_unit_back_once() 
     builders::activity(&mut db, 45, 1, 40, 4).await;
     let keys = SkuKeys::new(&env.settings.redis.key_prefix, 45, 1);
     let mut redis = env.redis().await;
-    seckill_engine::redis::load_stock(&mut redis, &keys, &[10, 10, 10, 10])
-        .await
-        .unwrap();
+    seckill_engine::redis::load_stock(
+        &mut redis,
+        &keys,
+        &[10, 10, 10, 10],
+        crate::common::sale_end(),
+    )
+    .await
+    .unwrap();
 
     let expire_at = Utc::now() + TimeDelta::seconds(2);
     let msgs: Vec<_> = (0..20)
@@ -718,7 +723,7 @@ async fn redis_give_backs_wait_while_redis_is_down_and_run_once_when_it_returns(
     builders::activity(&mut db, 48, 1, 10, 1).await;
     let keys = SkuKeys::new(&env.settings.redis.key_prefix, 48, 1);
     let mut redis = env.redis().await;
-    seckill_engine::redis::load_stock(&mut redis, &keys, &[10])
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[10], crate::common::sale_end())
         .await
         .unwrap();
     // 15 buyers for 10 units: 5 sold-out rejections, each with a give-back task.

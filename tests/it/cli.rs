@@ -560,6 +560,7 @@ async fn check_redis_reports_drift_between_redis_and_postgres() {
         expiry,
         60,
         &format!("{id}|1|S1"),
+        crate::common::sale_end().timestamp_millis(),
     )
     .await
     .unwrap();

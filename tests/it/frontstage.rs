@@ -28,6 +28,7 @@ async fn the_reserve_script_sells_exactly_the_stock_to_distinct_users() {
         &mut redis,
         &keys,
         &seckill_engine::store::activity::split_stock(100, 8),
+        crate::common::sale_end(),
     )
     .await
     .unwrap();
@@ -49,6 +50,7 @@ async fn the_reserve_script_sells_exactly_the_stock_to_distinct_users() {
                 expiry,
                 60,
                 &format!("{reservation}|1|S1"),
+                crate::common::sale_end().timestamp_millis(),
             )
             .await
             .unwrap();
@@ -94,7 +96,7 @@ async fn an_empty_bucket_never_reads_as_sold_out_while_another_has_stock() {
     let mut redis = env.redis().await;
     let keys = SkuKeys::new(&env.settings.redis.key_prefix, 52, 1);
     // Stock only in the last bucket; every user prefers some other one.
-    seckill_engine::redis::load_stock(&mut redis, &keys, &[0, 0, 0, 3])
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[0, 0, 0, 3], crate::common::sale_end())
         .await
         .unwrap();
     let users: Vec<i64> = (1..1000)
@@ -116,6 +118,7 @@ async fn an_empty_bucket_never_reads_as_sold_out_while_another_has_stock() {
                 expiry,
                 60,
                 &format!("{reservation}|1|S1"),
+                crate::common::sale_end().timestamp_millis(),
             )
             .await
             .unwrap(),
@@ -282,7 +285,7 @@ async fn the_http_front_stage_queues_orders_and_reports_every_state() {
     let mut redis = env.redis().await;
     // Redis believes in one unit more than PostgreSQL has: the third buyer gets a
     // reservation that PostgreSQL rejects.
-    seckill_engine::redis::load_stock(&mut redis, &keys, &[3])
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[3], crate::common::sale_end())
         .await
         .unwrap();
     let engine = EngineHandle::start(&env.settings).await;
@@ -396,7 +399,7 @@ async fn each_buyer_is_who_the_token_says_and_sees_only_their_own() {
     builders::activity(&mut db, 56, 1, 5, 1).await;
     let keys = SkuKeys::new(&env.settings.redis.key_prefix, 56, 1);
     let mut redis = env.redis().await;
-    seckill_engine::redis::load_stock(&mut redis, &keys, &[5])
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[5], crate::common::sale_end())
         .await
         .unwrap();
     let engine = EngineHandle::start(&env.settings).await;
@@ -535,7 +538,7 @@ async fn a_reservation_needs_the_buyer_s_own_purchase_token_from_the_sale() {
     let mut redis = env.redis().await;
     for activity in [57, 58] {
         let keys = SkuKeys::new(&env.settings.redis.key_prefix, activity, 1);
-        seckill_engine::redis::load_stock(&mut redis, &keys, &[5])
+        seckill_engine::redis::load_stock(&mut redis, &keys, &[5], crate::common::sale_end())
             .await
             .unwrap();
     }
@@ -621,7 +624,7 @@ async fn a_user_firing_requests_is_limited_before_redis() {
     builders::activity(&mut db, 61, 1, 5, 1).await;
     let keys = SkuKeys::new(&env.settings.redis.key_prefix, 61, 1);
     let mut redis = env.redis().await;
-    seckill_engine::redis::load_stock(&mut redis, &keys, &[5])
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[5], crate::common::sale_end())
         .await
         .unwrap();
     let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
@@ -735,7 +738,7 @@ async fn blip_survived(
     builders::activity(&mut db, activity, 1, 5, 1).await;
     let keys = SkuKeys::new(&env.settings.redis.key_prefix, activity, 1);
     let mut redis = env.redis().await;
-    seckill_engine::redis::load_stock(&mut redis, &keys, &[5])
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[5], crate::common::sale_end())
         .await
         .unwrap();
     let engine = EngineHandle::start(&env.settings).await;
@@ -844,7 +847,7 @@ async fn a_closed_activity_stops_selling_within_a_second() {
     builders::activity(&mut db, 65, 1, 5, 1).await;
     let keys = SkuKeys::new(&env.settings.redis.key_prefix, 65, 1);
     let mut redis = env.redis().await;
-    seckill_engine::redis::load_stock(&mut redis, &keys, &[5])
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[5], crate::common::sale_end())
         .await
         .unwrap();
     let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
@@ -895,7 +898,7 @@ async fn a_failed_publish_gives_the_reservation_back_and_answers_503() {
     builders::activity(&mut db, 54, 1, 5, 1).await;
     let keys = SkuKeys::new(&env.settings.redis.key_prefix, 54, 1);
     let mut redis = env.redis().await;
-    seckill_engine::redis::load_stock(&mut redis, &keys, &[5])
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[5], crate::common::sale_end())
         .await
         .unwrap();
     let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
@@ -978,7 +981,7 @@ async fn reconciliation_releases_an_orphan_in_postgres_then_gives_it_back_once()
     builders::activity(&mut db, 55, 1, 10, 2).await;
     let keys = SkuKeys::new(&env.settings.redis.key_prefix, 55, 1);
     let mut redis = env.redis().await;
-    seckill_engine::redis::load_stock(&mut redis, &keys, &[5, 5])
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[5, 5], crate::common::sale_end())
         .await
         .unwrap();
     // A reservation whose message never reached the queue, already past its TTL.
@@ -1057,9 +1060,14 @@ async fn the_reconciler_racing_late_messages_never_both_sells_and_gives_back() {
     builders::activity(&mut db, 56, 1, N as i32, 4).await;
     let keys = SkuKeys::new(&env.settings.redis.key_prefix, 56, 1);
     let mut redis = env.redis().await;
-    seckill_engine::redis::load_stock(&mut redis, &keys, &[50, 50, 50, 50])
-        .await
-        .unwrap();
+    seckill_engine::redis::load_stock(
+        &mut redis,
+        &keys,
+        &[50, 50, 50, 50],
+        crate::common::sale_end(),
+    )
+    .await
+    .unwrap();
     // Reservation i falls due at t0 + 1 s + 10·i ms, and its message is published
     // within 50 ms either side of that moment: some reach the engine before the
     // reconciler looks (every 20 ms), some after, some at the same time.
@@ -1146,7 +1154,7 @@ async fn an_unconfirmed_publish_keeps_its_unit_and_reconciles_with_the_order() {
     builders::activity(&mut db, 4242, 1, 5, 1).await;
     let keys = SkuKeys::new(&env.settings.redis.key_prefix, 4242, 1);
     let mut redis = env.redis().await;
-    seckill_engine::redis::load_stock(&mut redis, &keys, &[5])
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[5], crate::common::sale_end())
         .await
         .unwrap();
     let engine = EngineHandle::start(&env.settings).await;
@@ -1217,6 +1225,7 @@ async fn reserve_in_redis(
         expires_at_ms,
         60,
         &format!("{}|{}|{}", msg.reservation_id, msg.order_id, msg.order_no),
+        crate::common::sale_end().timestamp_millis(),
     )
     .await
     .unwrap();
@@ -1248,7 +1257,7 @@ async fn a_sold_out_sku_is_answered_from_memory_until_the_script_looks_again() {
     builders::activity(&mut db, 67, 1, 1, 1).await;
     let keys = SkuKeys::new(&env.settings.redis.key_prefix, 67, 1);
     let mut redis = env.redis().await;
-    seckill_engine::redis::load_stock(&mut redis, &keys, &[1])
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[1], crate::common::sale_end())
         .await
         .unwrap();
     let engine = EngineHandle::start(&env.settings).await;
@@ -1332,7 +1341,7 @@ async fn a_thousand_buyers_at_the_door_get_exactly_the_stock_once_each() {
     builders::activity(&mut db, 68, 1, 200, 8).await;
     let keys = SkuKeys::new(&env.settings.redis.key_prefix, 68, 1);
     let mut redis = env.redis().await;
-    seckill_engine::redis::load_stock(&mut redis, &keys, &[25; 8])
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[25; 8], crate::common::sale_end())
         .await
         .unwrap();
     let engine = EngineHandle::start(&env.settings).await;
@@ -1426,7 +1435,7 @@ async fn reservations_survive_redis_killing_its_clients_and_restarting() {
     builders::activity(&mut db, 69, 1, 40, 1).await;
     let keys = SkuKeys::new(&env.settings.redis.key_prefix, 69, 1);
     let mut redis = env.redis().await;
-    seckill_engine::redis::load_stock(&mut redis, &keys, &[40])
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[40], crate::common::sale_end())
         .await
         .unwrap();
     let engine = EngineHandle::start(&env.settings).await;
@@ -1573,4 +1582,112 @@ async fn reservations_survive_redis_killing_its_clients_and_restarting() {
     assert_invariants(&db).await;
     env.cleanup().await;
     drop(private);
+}
+
+/// Every Redis key a sale creates expires at the sale's end plus
+/// `SALE_KEYS_GRACE_MS`, or sooner, whichever path made it: the stock loaded by
+/// `activity create`, the reservation script's users and pending entries, request
+/// answers, purchase-token counts, queued marks (issue 36 pt 7).
+#[actix_rt::test]
+async fn every_redis_key_a_sale_creates_expires() {
+    let env = TestEnv::new().await;
+    let out = crate::cli::run(crate::cli::env_of(&mut crate::cli::engine(), &env).args([
+        "activity",
+        "create",
+        "--activity",
+        "70",
+        "--sku",
+        "1",
+        "--stock",
+        "2",
+        "--buckets",
+        "2",
+        "--price",
+        "1999",
+    ]));
+    assert!(out.ok, "{}", out.text);
+    let db = env.db().await;
+    let engine = EngineHandle::start(&env.settings).await;
+    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
+    let running = seckill_engine::http::front::start(
+        &env.settings,
+        pool,
+        engine.ids.clone(),
+        engine.readiness.clone(),
+    )
+    .await
+    .unwrap();
+    let handle = running.server.handle();
+    actix_rt::spawn(running.server);
+    let front = Front::new(running.addr, &env.settings);
+    let request = Uuid::now_v7();
+    let (status, first) = front.reserve(70, 1, request).await;
+    assert_eq!(status, 202, "{first}");
+    assert_eq!(front.reserve(70, 1, request).await.0, 202);
+    assert_eq!(front.reserve(70, 2, Uuid::now_v7()).await.0, 202);
+    assert_eq!(front.reserve(70, 3, Uuid::now_v7()).await.0, 409);
+    assert!(
+        front
+            .reaches(first["reservation_id"].as_str().unwrap(), "ORDERED", 1)
+            .await
+    );
+    handle.stop(true).await;
+    engine.stop().await;
+
+    let mut redis = env.redis().await;
+    let mut keys: Vec<String> = Vec::new();
+    let mut cursor = 0u64;
+    loop {
+        let (next, batch): (u64, Vec<String>) = ::redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(format!("{}:*", env.settings.redis.key_prefix))
+            .arg("COUNT")
+            .arg(1000)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        keys.extend(batch);
+        cursor = next;
+        if cursor == 0 {
+            break;
+        }
+    }
+    let end_at_ms: i64 = db
+        .query_one(
+            "SELECT (extract(epoch FROM end_at) * 1000)::int8 FROM seckill_activity WHERE activity_id = 70",
+            &[],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    let latest = seckill_engine::redis::keys::sale_keys_expire_at_ms(end_at_ms);
+    let now = Utc::now().timestamp_millis();
+    for kind in [
+        ":stock:",
+        ":buckets",
+        ":users",
+        ":pending",
+        ":request:",
+        ":ptokens:",
+        ":queued:",
+    ] {
+        assert!(
+            keys.iter().any(|k| k.contains(kind)),
+            "no {kind} key among {keys:?}"
+        );
+    }
+    for key in &keys {
+        let pttl: i64 = ::redis::cmd("PTTL")
+            .arg(key)
+            .query_async(&mut redis)
+            .await
+            .unwrap();
+        assert!(pttl > 0, "{key} never expires ({pttl})");
+        assert!(
+            now + pttl <= latest + 1_000,
+            "{key} outlives the sale's grace: {pttl} ms"
+        );
+    }
+    env.cleanup().await;
 }

@@ -254,7 +254,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
     let split = create_activity(&mut db, &spec).await?;
     let keys = SkuKeys::new(&settings.redis.key_prefix, activity_id, 1);
     let mut redis = seckill_engine::redis::connect(&settings.redis).await?;
-    seckill_engine::redis::load_stock(&mut redis, &keys, &split).await?;
+    seckill_engine::redis::load_stock(&mut redis, &keys, &split, spec.ends_at).await?;
     println!(
         "bench: activity {activity_id}, stock {} over {} buckets, {} buyers, {:.0}% duplicates, mode {:?}, concurrency {}",
         args.stock, args.buckets, args.buyers, args.duplicate_ratio * 100.0, args.mode, args.concurrency

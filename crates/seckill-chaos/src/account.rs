@@ -30,6 +30,7 @@ fn events_queue(ns: &str) -> String {
 pub async fn prepare(settings: &Settings, plan: &Plan) -> anyhow::Result<()> {
     let mut db = client(settings).await?;
     let now = Utc::now();
+    let ends_at = now + chrono::TimeDelta::hours(2);
     let split = activity::create_activity(
         &mut db,
         &activity::ActivitySpec {
@@ -41,14 +42,14 @@ pub async fn prepare(settings: &Settings, plan: &Plan) -> anyhow::Result<()> {
             unit_price: 9_900,
             currency: "CNY".into(),
             starts_at: now - chrono::TimeDelta::minutes(1),
-            ends_at: now + chrono::TimeDelta::hours(2),
+            ends_at,
             order_ttl_ms: 3_600_000,
         },
     )
     .await?;
     let mut redis = seckill_engine::redis::connect(&settings.redis).await?;
     let keys = SkuKeys::new(&settings.redis.key_prefix, plan.activity_id, plan.sku_id);
-    seckill_engine::redis::load_stock(&mut redis, &keys, &split).await?;
+    seckill_engine::redis::load_stock(&mut redis, &keys, &split, ends_at).await?;
     let conn = seckill_engine::mq::connect(&settings.amqp, "seckill-chaos-setup").await?;
     let channel = conn.create_channel().await?;
     declare_topology(&channel, &settings.amqp).await?;
