@@ -272,6 +272,8 @@ pub struct TelemetrySettings {
     /// How often the gauges read from PostgreSQL and RabbitMQ (outbox and
     /// compensation backlog, dead-letter depth, pool state) are refreshed.
     pub sample_interval_ms: u64,
+    /// Activities whose order transactions are logged at INFO (`telemetry::trace`).
+    pub trace_activities: Vec<i64>,
 }
 
 /// Where every value may come from, in increasing priority.
@@ -684,6 +686,12 @@ impl Settings {
             {
                 return Err(invalid(key, "must be at least 16 characters".into()));
             }
+        }
+        if self.telemetry.trace_activities.len() > crate::telemetry::trace::MAX_TRACED {
+            return Err(invalid(
+                "telemetry.trace_activities",
+                format!("at most {} activities", crate::telemetry::trace::MAX_TRACED),
+            ));
         }
         tracing_subscriber::EnvFilter::try_new(&self.telemetry.level)
             .map_err(|e| invalid("telemetry.level", format!("not a log filter: {e}")))?;

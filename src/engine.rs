@@ -92,6 +92,7 @@ pub struct Engine {
 
 impl Engine {
     pub async fn start(settings: &Settings) -> Result<Engine, EngineError> {
+        crate::telemetry::trace::follow_always(&settings.telemetry.trace_activities);
         let lanes = Lanes::start(lanes::threads(settings.engine.pipeline_threads)).await;
         let pool = build_pool_on(&settings.database, lanes.runtimes())?;
         let postgres_problem = {

@@ -401,7 +401,8 @@ fn run_group<'a>(
     })
 }
 
-/// The fields of seed §12.1, one DEBUG line per message.
+/// The fields of seed §12.1, one DEBUG line per message (INFO while its activity is
+/// followed, `telemetry::trace`).
 fn log_committed(
     shared: &BucketShared,
     key: BucketKey,
@@ -413,7 +414,8 @@ fn log_committed(
     let msg = &run.msg;
     metrics::histogram!(crate::telemetry::names::ORDER_TX_DURATION_SECONDS, "outcome" => outcome.label())
         .record(elapsed.as_secs_f64());
-    tracing::debug!(
+    crate::order_log!(
+        key.activity_id,
         request_id = %msg.request_id, reservation_id = %msg.reservation_id,
         message_id = %msg.message_id, order_id = outcome.order_id,
         activity_id = key.activity_id, sku_id = key.sku_id, user_id = msg.user_id,
@@ -451,9 +453,10 @@ fn log_failed(
     let msg = &run.msg;
     metrics::histogram!(crate::telemetry::names::ORDER_TX_DURATION_SECONDS, "outcome" => "error")
         .record(elapsed.as_secs_f64());
-    tracing::debug!(
+    crate::order_log!(
+        key.activity_id,
         request_id = %msg.request_id, reservation_id = %msg.reservation_id,
-        message_id = %msg.message_id, activity_id = key.activity_id,
+        message_id = %msg.message_id, order_id = msg.order_id, activity_id = key.activity_id,
         sku_id = key.sku_id, user_id = msg.user_id, bucket = key.bucket,
         consumer_group = %shared.consumer_group, sqlstate = e.sqlstate(),
         db_duration_ms = elapsed.as_millis() as u64,

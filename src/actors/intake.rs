@@ -71,7 +71,8 @@ impl IntakeWork for OrderWork {
         let reservations = self.lanes.reservations(&BucketKey::of(&msg)).clone();
         let topic = self.topic.clone();
         Box::pin(async move {
-            let message_id = msg.message_id;
+            let (message_id, reservation_id, activity_id) =
+                (msg.message_id, msg.reservation_id, msg.activity_id);
             let route = Route {
                 key: msg.reservation_id,
                 msg: ProcessOrder { msg, topic },
@@ -82,7 +83,7 @@ impl IntakeWork for OrderWork {
             };
             metrics::counter!(crate::telemetry::names::ORDERS_TOTAL, "outcome" => outcome.label())
                 .increment(1);
-            tracing::debug!(%message_id, outcome = outcome.label(), order_id = outcome.order_id, "message processed");
+            crate::order_log!(activity_id, %message_id, %reservation_id, outcome = outcome.label(), order_id = outcome.order_id, "message processed");
             Ok(outcome.label())
         })
     }

@@ -508,7 +508,7 @@ async fn reserve(
             // twice. The reservation stays pending; if no message reaches the engine,
             // the reconciler releases it in PostgreSQL and gives the unit back after
             // its TTL. A retry of the same request replays the 202.
-            tracing::warn!(error = %e, %reservation_id, "order message sent but not confirmed; the reservation is kept for reconciliation");
+            tracing::warn!(error = %e, message_id = %msg.message_id, %reservation_id, order_id = msg.order_id, "order message sent but not confirmed; the reservation is kept for reconciliation");
             mark_queued(&front, &mut redis, &msg, ttl_ms).await;
             return HttpResponse::ServiceUnavailable()
                 .insert_header((actix_web::http::header::RETRY_AFTER, "1"))
@@ -519,7 +519,7 @@ async fn reserve(
                 }));
         }
         Err(Published::NotQueued(e)) => {
-            tracing::warn!(error = %e, %reservation_id, "order message not accepted by the broker; releasing the reservation");
+            tracing::warn!(error = %e, message_id = %msg.message_id, %reservation_id, order_id = msg.order_id, "order message not accepted by the broker; releasing the reservation");
             return release_unqueued(
                 &front,
                 &mut redis,

@@ -49,7 +49,9 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
             .route("/dlq", web::get().to(dlq_list))
             .route("/dlq/replay", web::post().to(dlq_replay))
             .route("/compensation/review", web::get().to(compensation_review))
-            .route("/maintain", web::post().to(maintain)),
+            .route("/maintain", web::post().to(maintain))
+            .route("/trace", web::get().to(traced))
+            .route("/trace", web::post().to(trace)),
     );
 }
 
@@ -404,4 +406,49 @@ async fn maintain(
         }
         Err(e) => store_error(e.into()),
     }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct TraceRequest {
+    activity_id: i64,
+    ttl_secs: u64,
+}
+
+/// The longest `POST /admin/trace` follows an activity.
+const MAX_TRACE_SECS: u64 = 86_400;
+
+/// `POST /admin/trace {"activity_id": A, "ttl_secs": 600}`: the order transactions of
+/// activity A are logged at INFO for that long (`telemetry::trace`).
+async fn trace(Authorized(who): Authorized, body: web::Json<TraceRequest>) -> HttpResponse {
+    if !(1..=MAX_TRACE_SECS).contains(&body.ttl_secs) {
+        return HttpResponse::BadRequest()
+            .json(json!({"error": format!("ttl_secs: must be between 1 and {MAX_TRACE_SECS}")}));
+    }
+    let ttl = std::time::Duration::from_secs(body.ttl_secs);
+    if !crate::telemetry::trace::follow_for(body.activity_id, ttl) {
+        return HttpResponse::Conflict().json(json!({
+            "error": format!("{} activities are followed already", crate::telemetry::trace::MAX_TRACED)
+        }));
+    }
+    audit(
+        &who,
+        "trace",
+        &format!("activity {} for {} s", body.activity_id, body.ttl_secs),
+    );
+    traced_list()
+}
+
+/// `GET /admin/trace`: the activities followed now and the seconds left for each.
+async fn traced(req: HttpRequest, ops: web::Data<Operations>) -> HttpResponse {
+    let _who = authorized!(req, ops);
+    traced_list()
+}
+
+fn traced_list() -> HttpResponse {
+    let followed: Vec<_> = crate::telemetry::trace::followed_now()
+        .into_iter()
+        .map(|(activity, left)| json!({"activity_id": activity, "seconds_left": left}))
+        .collect();
+    HttpResponse::Ok().json(json!({ "followed": followed }))
 }

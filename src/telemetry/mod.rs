@@ -2,6 +2,7 @@
 //! and the Prometheus metrics recorder; `names` is the metric catalogue.
 
 pub mod names;
+pub mod trace;
 
 use std::sync::OnceLock;
 

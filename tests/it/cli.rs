@@ -503,6 +503,115 @@ impl Serve {
     }
 }
 
+/// Following one activity's orders (issue 35 pt 1): the activities of
+/// `telemetry.trace_activities`, and one added by `POST /admin/trace`, get an INFO
+/// line per order transaction with the §12.1 fields, at the default level; another
+/// activity's orders log nothing at INFO.
+/// `text` without ANSI colour sequences (`ESC [ ... m`).
+fn without_colours(text: &str) -> String {
+    let mut out = String::with_capacity(text.len());
+    let mut chars = text.chars();
+    while let Some(c) = chars.next() {
+        if c == '\u{1b}' {
+            for c in chars.by_ref() {
+                if c == 'm' {
+                    break;
+                }
+            }
+        } else {
+            out.push(c);
+        }
+    }
+    out
+}
+
+#[actix_rt::test]
+async fn traced_activities_log_each_order_at_info_and_others_do_not() {
+    let env = crate::common::TestEnv::new().await;
+    let mut db = env.db().await;
+    for activity in [82, 83, 84] {
+        crate::common::builders::activity(&mut db, activity, 1, 10, 1).await;
+    }
+    let admin = format!("127.0.0.1:{}", crate::common::free_port());
+    let token = "test-admin-token-0123456789";
+    let mut cmd = engine();
+    env_of(&mut cmd, &env)
+        .env("SECKILL__ADMIN__ADDR", &admin)
+        .env("SECKILL__ADMIN__TOKEN", token)
+        .env("SECKILL__TELEMETRY__TRACE_ACTIVITIES", "[82]");
+    let (serve, ready) = Serve::start(&mut cmd, "admin endpoints listening").await;
+    let result = async {
+        assert!(ready, "serve never listened");
+        let amqp = env.amqp().await;
+        let batch = |activity: i64| -> Vec<_> {
+            (1..=5)
+                .map(|u| crate::common::builders::order(activity, 1, u, 0))
+                .collect()
+        };
+        let settled = |n: i64| {
+            let db = &db;
+            async move {
+                crate::common::wait_until(std::time::Duration::from_secs(60), || async {
+                    crate::common::count(db, "SELECT count(*) FROM consumer_inbox").await == n
+                })
+                .await
+            }
+        };
+        crate::common::builders::publish(&env, &amqp, &batch(82)).await;
+        crate::common::builders::publish(&env, &amqp, &batch(83)).await;
+        assert!(settled(10).await);
+        let mut res = awc::Client::default()
+            .post(format!("http://{admin}/admin/trace"))
+            .insert_header(("Authorization", format!("Bearer {token}")))
+            .send_json(&serde_json::json!({"activity_id": 84, "ttl_secs": 600}))
+            .await
+            .unwrap();
+        let body: serde_json::Value = res.json().await.unwrap();
+        assert_eq!(res.status().as_u16(), 200, "{body}");
+        let followed: Vec<i64> = body["followed"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|f| f["activity_id"].as_i64().unwrap())
+            .collect();
+        assert_eq!(followed, vec![82, 84], "{body}");
+        crate::common::builders::publish(&env, &amqp, &batch(84)).await;
+        assert!(settled(15).await);
+    };
+    result.await;
+    let (_, text) = serve.terminate().await;
+    let text = without_colours(&text);
+    let committed = |activity: i64| -> Vec<&str> {
+        text.lines()
+            .filter(|l| l.contains("order transaction committed"))
+            .filter(|l| l.contains(&format!("activity_id={activity} ")))
+            .collect()
+    };
+    assert_eq!(committed(82).len(), 5, "{text}");
+    assert_eq!(committed(84).len(), 5, "{text}");
+    assert_eq!(committed(83).len(), 0, "{text}");
+    for line in committed(82).iter().chain(committed(84).iter()) {
+        assert!(line.contains(" INFO "), "{line}");
+        for field in [
+            "message_id=",
+            "reservation_id=",
+            "order_id=",
+            "request_id=",
+            "bucket=",
+            "db_duration_ms=",
+            "commit_result=",
+        ] {
+            assert!(line.contains(field), "{field} missing: {line}");
+        }
+    }
+    assert!(
+        text.lines()
+            .any(|l| l.contains("message processed") && l.contains("reservation_id=")),
+        "{text}"
+    );
+    env.cleanup().await;
+}
+
 #[tokio::test]
 async fn serve_starts_and_exits_cleanly_on_sigterm() {
     let env = crate::common::TestEnv::new().await;
