@@ -157,14 +157,7 @@ async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
 
 async fn metrics(admin: web::Data<Admin>, req: actix_web::HttpRequest) -> HttpResponse {
     if let Some(token) = &admin.metrics_token {
-        use secrecy::ExposeSecret;
-        let presented = req
-            .headers()
-            .get(actix_web::http::header::AUTHORIZATION)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.strip_prefix("Bearer "))
-            .unwrap_or("");
-        if !super::operations::constant_time_eq(presented, token.expose_secret()) {
+        if !super::operations::bearer_is(&req, token) {
             return HttpResponse::Unauthorized()
                 .insert_header((actix_web::http::header::WWW_AUTHENTICATE, "Bearer"))
                 .json(json!({"error": "missing or wrong bearer token (admin.metrics_token)"}));

@@ -85,13 +85,7 @@ fn authorize(req: &HttpRequest, ops: &Operations) -> Result<Operator, Refused> {
     let Some(token) = &ops.token else {
         return Err(Refused::Off);
     };
-    let presented = req
-        .headers()
-        .get(header::AUTHORIZATION)
-        .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .unwrap_or("");
-    if !constant_time_eq(presented, token.expose_secret()) {
+    if !bearer_is(req, token) {
         tracing::warn!(peer = ?req.peer_addr(), path = req.path(), "admin request refused: bad or missing token");
         return Err(Refused::BadToken);
     }
@@ -107,9 +101,9 @@ fn authorize(req: &HttpRequest, ops: &Operations) -> Result<Operator, Refused> {
     Ok(Operator { name, peer })
 }
 
-/// The operator, once the bearer token checked out. An extractor, listed before the
-/// body in every handler that takes one: actix extracts in order, so a request
-/// without the right token is refused before its body is read.
+/// The operator, once the bearer token checked out: the first argument of every
+/// handler. Actix extracts in order, so a request without the right token is
+/// refused before its body is read.
 struct Authorized(Operator);
 
 impl actix_web::FromRequest for Authorized {
@@ -144,9 +138,21 @@ impl actix_web::ResponseError for RefusedError {
     }
 }
 
+/// Whether the request's `Authorization: Bearer` value is `token` (the admin API's,
+/// or `/metrics`'s), compared in constant time.
+pub(crate) fn bearer_is(req: &HttpRequest, token: &SecretString) -> bool {
+    let presented = req
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .unwrap_or("");
+    constant_time_eq(presented, token.expose_secret())
+}
+
 /// Compares digests, so neither the content nor the length of the token leaks
 /// through timing.
-pub(crate) fn constant_time_eq(presented: &str, expected: &str) -> bool {
+fn constant_time_eq(presented: &str, expected: &str) -> bool {
     let a = Sha256::digest(presented.as_bytes());
     let b = Sha256::digest(expected.as_bytes());
     a.iter()
@@ -188,17 +194,7 @@ fn mq_error(e: crate::mq::MqError) -> HttpResponse {
     HttpResponse::ServiceUnavailable().json(json!({"error": e.to_string()}))
 }
 
-macro_rules! authorized {
-    ($req:expr, $ops:expr) => {
-        match authorize(&$req, &$ops) {
-            Ok(who) => who,
-            Err(refused) => return refused.response(),
-        }
-    };
-}
-
-async fn intake_status(req: HttpRequest, ops: web::Data<Operations>) -> HttpResponse {
-    let _who = authorized!(req, ops);
+async fn intake_status(Authorized(_who): Authorized, ops: web::Data<Operations>) -> HttpResponse {
     HttpResponse::Ok().json(json!({
         "paused": ops.readiness.is_paused(),
         "ready": ops.readiness.is_ready(),
@@ -207,8 +203,7 @@ async fn intake_status(req: HttpRequest, ops: web::Data<Operations>) -> HttpResp
     }))
 }
 
-async fn pause(req: HttpRequest, ops: web::Data<Operations>) -> HttpResponse {
-    let who = authorized!(req, ops);
+async fn pause(Authorized(who): Authorized, ops: web::Data<Operations>) -> HttpResponse {
     let was = ops.readiness.set_paused(true);
     audit(
         &who,
@@ -218,8 +213,7 @@ async fn pause(req: HttpRequest, ops: web::Data<Operations>) -> HttpResponse {
     HttpResponse::Ok().json(json!({"paused": true, "was_paused": was}))
 }
 
-async fn resume(req: HttpRequest, ops: web::Data<Operations>) -> HttpResponse {
-    let who = authorized!(req, ops);
+async fn resume(Authorized(who): Authorized, ops: web::Data<Operations>) -> HttpResponse {
     let was = ops.readiness.set_paused(false);
     audit(
         &who,
@@ -229,17 +223,15 @@ async fn resume(req: HttpRequest, ops: web::Data<Operations>) -> HttpResponse {
     HttpResponse::Ok().json(json!({"paused": false, "was_paused": was}))
 }
 
-async fn outbox_summary(req: HttpRequest, ops: web::Data<Operations>) -> HttpResponse {
-    let _who = authorized!(req, ops);
+async fn outbox_summary(Authorized(_who): Authorized, ops: web::Data<Operations>) -> HttpResponse {
     respond("statuses", queries::outbox_summary(&ops.pool).await)
 }
 
 async fn outbox_dead(
-    req: HttpRequest,
+    Authorized(_who): Authorized,
     ops: web::Data<Operations>,
     limit: web::Query<Limit>,
 ) -> HttpResponse {
-    let _who = authorized!(req, ops);
     respond("dead", queries::dead_events(&ops.pool, limit.get()).await)
 }
 
@@ -279,11 +271,10 @@ async fn outbox_retry(
 }
 
 async fn dlq_list(
-    req: HttpRequest,
+    Authorized(_who): Authorized,
     ops: web::Data<Operations>,
     limit: web::Query<Limit>,
 ) -> HttpResponse {
-    let _who = authorized!(req, ops);
     match dead_letters::list(&ops.amqp, limit.get() as usize).await {
         Ok(letters) => HttpResponse::Ok().json(json!({"messages": letters})),
         Err(e) => mq_error(e),
@@ -328,11 +319,10 @@ async fn dlq_replay(
 }
 
 async fn compensation_review(
-    req: HttpRequest,
+    Authorized(_who): Authorized,
     ops: web::Data<Operations>,
     limit: web::Query<Limit>,
 ) -> HttpResponse {
-    let _who = authorized!(req, ops);
     respond(
         "tasks",
         queries::compensation_review(&ops.pool, limit.get()).await,
@@ -440,8 +430,7 @@ async fn trace(Authorized(who): Authorized, body: web::Json<TraceRequest>) -> Ht
 }
 
 /// `GET /admin/trace`: the activities followed now and the seconds left for each.
-async fn traced(req: HttpRequest, ops: web::Data<Operations>) -> HttpResponse {
-    let _who = authorized!(req, ops);
+async fn traced(Authorized(_who): Authorized) -> HttpResponse {
     traced_list()
 }
 

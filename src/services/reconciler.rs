@@ -82,7 +82,8 @@ impl Service for Reconciler {
                 more |= read >= inner.batch;
                 let ids: Vec<Uuid> = due.iter().map(|(p, _, _)| p.reservation_id).collect();
                 let known = reconcile::known_reservations(&conn.client, &ids).await?;
-                let mut unseen = Vec::new();
+                // The entries PostgreSQL has not seen, and the rows that fence them.
+                let (mut members, mut rows) = (Vec::new(), Vec::new());
                 for (pending, member, expiry_ms) in due {
                     if known.contains(&pending.reservation_id) {
                         commands::forget_pending(&mut redis, &keys, &member).await?;
@@ -91,27 +92,24 @@ impl Service for Reconciler {
                     }
                     let expires_at =
                         DateTime::<Utc>::from_timestamp_millis(expiry_ms).unwrap_or_default();
-                    unseen.push((
-                        pending,
-                        Unseen {
-                            reservation_id: pending.reservation_id,
-                            request_id: pending.request_id,
-                            activity_id,
-                            sku_id,
-                            user_id: pending.user_id,
-                            bucket: pending.bucket,
-                            reserved_at: expires_at - inner.reservation_ttl,
-                            expires_at,
-                        },
-                    ));
+                    rows.push(Unseen {
+                        reservation_id: pending.reservation_id,
+                        request_id: pending.request_id,
+                        activity_id,
+                        sku_id,
+                        user_id: pending.user_id,
+                        bucket: pending.bucket,
+                        reserved_at: expires_at - inner.reservation_ttl,
+                        expires_at,
+                    });
+                    members.push(pending);
                 }
-                let rows: Vec<Unseen> = unseen.iter().map(|(_, u)| u.clone()).collect();
                 let fenced = reconcile::fence(&conn.client, &rows).await?;
                 // Those not fenced: the engine committed their message first; the
                 // next pass finds them known.
-                for (pending, _) in unseen
+                for pending in members
                     .iter()
-                    .filter(|(p, _)| fenced.contains(&p.reservation_id))
+                    .filter(|p| fenced.contains(&p.reservation_id))
                 {
                     let reservation_id = pending.reservation_id;
                     if scripts::give_back(&mut redis, &keys, pending, inner.marker_ttl_secs).await?

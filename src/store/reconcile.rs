@@ -44,9 +44,12 @@ pub struct Unseen {
 /// have happened: exactly those whose Redis unit may be given back. A message that
 /// arrives afterwards finds its reservation RELEASED and creates no order; one the
 /// engine committed first wins the row, and its reservation is not returned.
-pub async fn fence(client: &Client, unseen: &[Unseen]) -> Result<Vec<Uuid>, tokio_postgres::Error> {
+pub async fn fence(
+    client: &Client,
+    unseen: &[Unseen],
+) -> Result<HashSet<Uuid>, tokio_postgres::Error> {
     if unseen.is_empty() {
-        return Ok(Vec::new());
+        return Ok(HashSet::new());
     }
     let ids: Vec<Uuid> = unseen.iter().map(|u| u.reservation_id).collect();
     let requests: Vec<Uuid> = unseen

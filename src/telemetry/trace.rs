@@ -6,12 +6,17 @@
 //! this engine reads it.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{LazyLock, RwLock};
 use std::time::{Duration, Instant};
 
 /// Activity → until when it is followed (`None`: for good).
 static TRACED: LazyLock<RwLock<HashMap<i64, Option<Instant>>>> =
     LazyLock::new(|| RwLock::new(HashMap::new()));
+
+/// Whether any activity was ever followed: until one is, the order path does not
+/// touch the lock.
+static ANY: AtomicBool = AtomicBool::new(false);
 
 /// The most activities followed at once: every line of theirs is logged.
 pub const MAX_TRACED: usize = 100;
@@ -23,6 +28,7 @@ pub fn follow_always(activities: &[i64]) {
         .unwrap_or_else(std::sync::PoisonError::into_inner);
     for activity in activities {
         traced.insert(*activity, None);
+        ANY.store(true, Ordering::Relaxed);
     }
 }
 
@@ -37,6 +43,7 @@ pub fn follow_for(activity: i64, ttl: Duration) -> bool {
     if traced.len() >= MAX_TRACED && !traced.contains_key(&activity) {
         return false;
     }
+    ANY.store(true, Ordering::Relaxed);
     let entry = traced.entry(activity).or_insert(Some(until));
     if let Some(current) = entry {
         *current = (*current).max(until);
@@ -47,6 +54,9 @@ pub fn follow_for(activity: i64, ttl: Duration) -> bool {
 /// Whether the orders of `activity` are followed now. A read lock and a lookup:
 /// cheap enough for every order transaction.
 pub fn followed(activity: i64) -> bool {
+    if !ANY.load(Ordering::Relaxed) {
+        return false;
+    }
     TRACED
         .read()
         .map(|traced| {

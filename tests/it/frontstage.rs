@@ -145,6 +145,22 @@ struct Front {
 }
 
 impl Front {
+    /// Starts a front stage with `settings` (its own pool, `ids`, reporting to
+    /// `readiness`) on the test's runtime; the handle stops it.
+    async fn serve(
+        settings: &seckill_engine::config::Settings,
+        ids: std::sync::Arc<seckill_engine::domain::ids::IdGenerator>,
+        readiness: std::sync::Arc<seckill_engine::status::Readiness>,
+    ) -> (Self, actix_web::dev::ServerHandle) {
+        let pool = seckill_engine::store::build_pool(&settings.database).unwrap();
+        let running = seckill_engine::http::front::start(settings, pool, ids, readiness)
+            .await
+            .unwrap();
+        let handle = running.server.handle();
+        actix_rt::spawn(running.server);
+        (Self::new(running.addr, settings), handle)
+    }
+
     fn new(addr: std::net::SocketAddr, settings: &seckill_engine::config::Settings) -> Self {
         Self {
             client: awc::Client::default(),
@@ -289,18 +305,8 @@ async fn the_http_front_stage_queues_orders_and_reports_every_state() {
         .await
         .unwrap();
     let engine = EngineHandle::start(&env.settings).await;
-    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
-    let running = seckill_engine::http::front::start(
-        &env.settings,
-        pool,
-        engine.ids.clone(),
-        engine.readiness.clone(),
-    )
-    .await
-    .unwrap();
-    let handle = running.server.handle();
-    actix_rt::spawn(running.server);
-    let front = Front::new(running.addr, &env.settings);
+    let (front, handle) =
+        Front::serve(&env.settings, engine.ids.clone(), engine.readiness.clone()).await;
 
     let request = Uuid::now_v7();
     let (status, first) = front.reserve(53, 1, request).await;
@@ -403,18 +409,8 @@ async fn each_buyer_is_who_the_token_says_and_sees_only_their_own() {
         .await
         .unwrap();
     let engine = EngineHandle::start(&env.settings).await;
-    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
-    let running = seckill_engine::http::front::start(
-        &env.settings,
-        pool,
-        engine.ids.clone(),
-        engine.readiness.clone(),
-    )
-    .await
-    .unwrap();
-    let handle = running.server.handle();
-    actix_rt::spawn(running.server);
-    let front = Front::new(running.addr, &env.settings);
+    let (front, handle) =
+        Front::serve(&env.settings, engine.ids.clone(), engine.readiness.clone()).await;
     let path = "/v1/activities/56/skus/1/reservations";
     let body = json!({"request_id": Uuid::now_v7()}).to_string();
 
@@ -543,18 +539,8 @@ async fn a_reservation_needs_the_buyer_s_own_purchase_token_from_the_sale() {
             .unwrap();
     }
     let engine = EngineHandle::start(&env.settings).await;
-    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
-    let running = seckill_engine::http::front::start(
-        &env.settings,
-        pool,
-        engine.ids.clone(),
-        engine.readiness.clone(),
-    )
-    .await
-    .unwrap();
-    let handle = running.server.handle();
-    actix_rt::spawn(running.server);
-    let front = Front::new(running.addr, &env.settings);
+    let (front, handle) =
+        Front::serve(&env.settings, engine.ids.clone(), engine.readiness.clone()).await;
     let token_path = |a: i64| format!("/v1/activities/{a}/skus/1/purchase-token");
 
     let (status, early) = front.get(&token_path(59), Some(1)).await;
@@ -627,15 +613,9 @@ async fn a_user_firing_requests_is_limited_before_redis() {
     seckill_engine::redis::load_stock(&mut redis, &keys, &[5], crate::common::sale_end())
         .await
         .unwrap();
-    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
     let ids = std::sync::Arc::new(seckill_engine::domain::ids::IdGenerator::new(1002));
     let engine = EngineHandle::start(&env.settings).await;
-    let running = seckill_engine::http::front::start(&env.settings, pool, ids, Default::default())
-        .await
-        .unwrap();
-    let handle = running.server.handle();
-    actix_rt::spawn(running.server);
-    let front = Front::new(running.addr, &env.settings);
+    let (front, handle) = Front::serve(&env.settings, ids, Default::default()).await;
     let purchase = front.purchase_token(61, 4).await;
     let started = std::time::Instant::now();
     let answers = join_all((0..50).map(|_| {
@@ -745,18 +725,12 @@ async fn blip_survived(
     let admin = engine.admin(&env.settings).await;
     let readyz = format!("http://{}/readyz", admin.addr);
     actix_rt::spawn(admin.server);
-    let pool = seckill_engine::store::build_pool(&front_settings.database).unwrap();
-    let running = seckill_engine::http::front::start(
+    let (front, handle) = Front::serve(
         &front_settings,
-        pool,
         engine.ids.clone(),
         engine.readiness.clone(),
     )
-    .await
-    .unwrap();
-    let handle = running.server.handle();
-    actix_rt::spawn(running.server);
-    let front = Front::new(running.addr, &front_settings);
+    .await;
     let ready = |want: u16| {
         let (client, readyz) = (front.client.clone(), readyz.clone());
         async move {
@@ -850,15 +824,9 @@ async fn a_closed_activity_stops_selling_within_a_second() {
     seckill_engine::redis::load_stock(&mut redis, &keys, &[5], crate::common::sale_end())
         .await
         .unwrap();
-    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
     let ids = std::sync::Arc::new(seckill_engine::domain::ids::IdGenerator::new(1003));
     let engine = EngineHandle::start(&env.settings).await;
-    let running = seckill_engine::http::front::start(&env.settings, pool, ids, Default::default())
-        .await
-        .unwrap();
-    let handle = running.server.handle();
-    actix_rt::spawn(running.server);
-    let front = Front::new(running.addr, &env.settings);
+    let (front, handle) = Front::serve(&env.settings, ids, Default::default()).await;
     let late = front.purchase_token(65, 2).await;
     assert_eq!(front.reserve(65, 1, Uuid::now_v7()).await.0, 202);
 
@@ -901,7 +869,6 @@ async fn a_failed_publish_gives_the_reservation_back_and_answers_503() {
     seckill_engine::redis::load_stock(&mut redis, &keys, &[5], crate::common::sale_end())
         .await
         .unwrap();
-    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
     // No engine: nobody declared the orders exchange, so the broker refuses the publish.
     let amqp = env.amqp().await;
     let channel = amqp.create_channel().await.unwrap();
@@ -913,12 +880,7 @@ async fn a_failed_publish_gives_the_reservation_back_and_answers_503() {
         .await;
     // No engine, so no lease: an id generator of the tests' own.
     let ids = std::sync::Arc::new(seckill_engine::domain::ids::IdGenerator::new(1001));
-    let running = seckill_engine::http::front::start(&env.settings, pool, ids, Default::default())
-        .await
-        .unwrap();
-    let handle = running.server.handle();
-    actix_rt::spawn(running.server);
-    let front = Front::new(running.addr, &env.settings);
+    let (front, handle) = Front::serve(&env.settings, ids, Default::default()).await;
 
     let (status, body) = front.reserve(54, 7, Uuid::now_v7()).await;
     assert_eq!(status, 503, "{body}");
@@ -1158,18 +1120,8 @@ async fn an_unconfirmed_publish_keeps_its_unit_and_reconciles_with_the_order() {
         .await
         .unwrap();
     let engine = EngineHandle::start(&env.settings).await;
-    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
-    let running = seckill_engine::http::front::start(
-        &env.settings,
-        pool,
-        engine.ids.clone(),
-        engine.readiness.clone(),
-    )
-    .await
-    .unwrap();
-    let handle = running.server.handle();
-    actix_rt::spawn(running.server);
-    let front = Front::new(running.addr, &env.settings);
+    let (front, handle) =
+        Front::serve(&env.settings, engine.ids.clone(), engine.readiness.clone()).await;
     front.purchase_token(4242, 1).await;
 
     seckill_engine::failpoints::set("frontstage_confirm_lost", "return(4242)").unwrap();
@@ -1261,18 +1213,8 @@ async fn a_sold_out_sku_is_answered_from_memory_until_the_script_looks_again() {
         .await
         .unwrap();
     let engine = EngineHandle::start(&env.settings).await;
-    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
-    let running = seckill_engine::http::front::start(
-        &env.settings,
-        pool,
-        engine.ids.clone(),
-        engine.readiness.clone(),
-    )
-    .await
-    .unwrap();
-    let handle = running.server.handle();
-    actix_rt::spawn(running.server);
-    let front = Front::new(running.addr, &env.settings);
+    let (front, handle) =
+        Front::serve(&env.settings, engine.ids.clone(), engine.readiness.clone()).await;
     for user in 1..=3 {
         front.purchase_token(67, user).await;
     }
@@ -1345,18 +1287,8 @@ async fn a_thousand_buyers_at_the_door_get_exactly_the_stock_once_each() {
         .await
         .unwrap();
     let engine = EngineHandle::start(&env.settings).await;
-    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
-    let running = seckill_engine::http::front::start(
-        &env.settings,
-        pool,
-        engine.ids.clone(),
-        engine.readiness.clone(),
-    )
-    .await
-    .unwrap();
-    let handle = running.server.handle();
-    actix_rt::spawn(running.server);
-    let front = Front::new(running.addr, &env.settings);
+    let (front, handle) =
+        Front::serve(&env.settings, engine.ids.clone(), engine.readiness.clone()).await;
 
     const BUYERS: i64 = 1000;
     let buyer = |user: i64| {
@@ -1442,18 +1374,8 @@ async fn reservations_survive_redis_killing_its_clients_and_restarting() {
     let admin = engine.admin(&env.settings).await;
     let readyz = format!("http://{}/readyz", admin.addr);
     actix_rt::spawn(admin.server);
-    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
-    let running = seckill_engine::http::front::start(
-        &env.settings,
-        pool,
-        engine.ids.clone(),
-        engine.readiness.clone(),
-    )
-    .await
-    .unwrap();
-    let handle = running.server.handle();
-    actix_rt::spawn(running.server);
-    let front = Front::new(running.addr, &env.settings);
+    let (front, handle) =
+        Front::serve(&env.settings, engine.ids.clone(), engine.readiness.clone()).await;
     // Tokens first: fetching one needs Redis too. One buyer per attempt, so the
     // per-user limit never answers for the store.
     for user in 1..=30 {
@@ -1608,18 +1530,8 @@ async fn every_redis_key_a_sale_creates_expires() {
     assert!(out.ok, "{}", out.text);
     let db = env.db().await;
     let engine = EngineHandle::start(&env.settings).await;
-    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
-    let running = seckill_engine::http::front::start(
-        &env.settings,
-        pool,
-        engine.ids.clone(),
-        engine.readiness.clone(),
-    )
-    .await
-    .unwrap();
-    let handle = running.server.handle();
-    actix_rt::spawn(running.server);
-    let front = Front::new(running.addr, &env.settings);
+    let (front, handle) =
+        Front::serve(&env.settings, engine.ids.clone(), engine.readiness.clone()).await;
     let request = Uuid::now_v7();
     let (status, first) = front.reserve(70, 1, request).await;
     assert_eq!(status, 202, "{first}");
