@@ -564,7 +564,7 @@ async fn check(
     let client = store::connect(&config)
         .await
         .context("connecting to PostgreSQL")?;
-    let results = run_checks(&client, activity)
+    let results = run_checks(&client, activity, settings.retention.inbox_window())
         .await
         .context("running checks")?;
     let mut failed = false;

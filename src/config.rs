@@ -16,6 +16,12 @@ use serde::Deserialize;
 
 /// The defaults, compiled into the binary.
 const DEFAULTS: &str = include_str!("../config/default.toml");
+/// Keys of earlier releases and the keys that replaced them: a configuration still
+/// carrying one is refused with the new name rather than an "unknown field".
+const REPLACED_KEYS: &[(&str, &str)] = &[
+    ("outbox.retention_secs", "retention.outbox_history_secs"),
+    ("outbox.retention_batch", "retention.batch_size"),
+];
 /// Prefix of environment overrides; `__` separates the path segments.
 pub const ENV_PREFIX: &str = "SECKILL__";
 
@@ -42,6 +48,7 @@ pub struct Settings {
     pub http: HttpSettings,
     pub telemetry: TelemetrySettings,
     pub outbox: OutboxSettings,
+    pub retention: RetentionSettings,
     pub sweeper: SweeperSettings,
     pub compensation: CompensationSettings,
     pub payment: PaymentSettings,
@@ -146,8 +153,24 @@ pub struct OutboxSettings {
     pub lease_ms: u64,
     pub backoff_base_ms: u64,
     pub backoff_max_ms: u64,
-    pub retention_secs: u64,
-    pub retention_batch: u32,
+}
+
+/// `[retention]` (seed §8.5): what the retention service keeps and for how long.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RetentionSettings {
+    pub interval_ms: u64,
+    pub batch_size: u32,
+    pub inbox_secs: u64,
+    pub outbox_history_secs: u64,
+}
+
+impl RetentionSettings {
+    /// How long an inbox row is kept: the window in which a redelivered or replayed
+    /// message is still answered by the inbox.
+    pub fn inbox_window(&self) -> Duration {
+        Duration::from_secs(self.inbox_secs)
+    }
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -297,6 +320,15 @@ impl Settings {
 
     /// Loads and validates settings from any figment (tests layer their own values).
     pub fn from_figment(figment: &Figment) -> Result<Self, ConfigError> {
+        for (old, new) in REPLACED_KEYS {
+            if figment.find_value(old).is_ok() {
+                return Err(ConfigError::Invalid {
+                    key: (*old).to_owned(),
+                    origin: origin(figment, old),
+                    reason: format!("this key was replaced by `{new}`"),
+                });
+            }
+        }
         let settings: Settings = figment
             .extract()
             .map_err(|e| from_figment_error(figment, e))?;
@@ -467,9 +499,27 @@ impl Settings {
                 DAY_MS,
             ),
             (
-                "outbox.retention_secs",
-                outbox.retention_secs,
-                60,
+                "retention.interval_ms",
+                self.retention.interval_ms,
+                1,
+                HOUR_MS,
+            ),
+            (
+                "retention.batch_size",
+                u64::from(self.retention.batch_size),
+                1,
+                100_000,
+            ),
+            (
+                "retention.inbox_secs",
+                self.retention.inbox_secs,
+                1,
+                400 * DAY_SECS,
+            ),
+            (
+                "retention.outbox_history_secs",
+                self.retention.outbox_history_secs,
+                1,
                 400 * DAY_SECS,
             ),
             (
@@ -831,6 +881,17 @@ mod tests {
     }
 
     #[test]
+    fn a_replaced_key_is_refused_with_the_name_of_its_successor() {
+        Jail::expect_with(|jail| {
+            jail.set_env("SECKILL__OUTBOX__RETENTION_SECS", "60");
+            let err = Settings::load(None).unwrap_err().to_string();
+            assert!(err.contains("`outbox.retention_secs`"), "{err}");
+            assert!(err.contains("retention.outbox_history_secs"), "{err}");
+            Ok(())
+        });
+    }
+
+    #[test]
     fn derived_permits_fill_the_hot_bucket_or_every_connection() {
         Jail::expect_with(|jail| {
             let permits = || Settings::load(None).expect("valid settings").db_permits();
@@ -895,9 +956,9 @@ mod tests {
                 "compensation.released_marker_ttl_secs",
             ),
             (
-                "SECKILL__OUTBOX__RETENTION_SECS",
+                "SECKILL__RETENTION__INBOX_SECS",
                 "0",
-                "outbox.retention_secs",
+                "retention.inbox_secs",
             ),
             (
                 "SECKILL__OUTBOX__BACKOFF_MAX_MS",

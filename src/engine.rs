@@ -28,6 +28,7 @@ use crate::services::node_lease::{
 use crate::services::outbox_publisher::{OrderLoad, OutboxConfig, OutboxPublisher};
 use crate::services::readiness::ReadinessMonitor;
 use crate::services::reconciler::Reconciler;
+use crate::services::retention::{Retention, RetentionConfig};
 use crate::services::runner::{Maintenance, Service};
 use crate::services::supervisor::{ChildFactory, Shutdown, Supervisor};
 use crate::services::sweeper::{Sweeper, SweeperConfig};
@@ -93,6 +94,14 @@ pub struct Engine {
 impl Engine {
     pub async fn start(settings: &Settings) -> Result<Engine, EngineError> {
         crate::telemetry::trace::follow_always(&settings.telemetry.trace_activities);
+        if settings.retention.inbox_secs < 86_400 {
+            // Allowed (tests use seconds), but a redelivery or replay older than this
+            // is no longer answered by the inbox (docs/OPERATIONS.md, "Retention").
+            tracing::warn!(
+                inbox_secs = settings.retention.inbox_secs,
+                "retention.inbox_secs is under a day"
+            );
+        }
         let lanes = Lanes::start(lanes::threads(settings.engine.pipeline_threads)).await;
         let pool = build_pool_on(&settings.database, lanes.runtimes())?;
         let postgres_problem = {
@@ -379,9 +388,6 @@ impl IntakeStarter<'_> {
     }
 }
 
-/// The supervisor with the outbox publisher, the sweeper, the compensation worker,
-/// the reconciler of Redis reservations and the gauge sampler; the outbox publisher
-/// yields to the orders `load` counts.
 /// Leases this engine's node id (explicit or the lowest free one) and returns its
 /// generator with the mint fence set from the lease.
 async fn lease_node_id(
@@ -447,6 +453,9 @@ fn holder_name(settings: &Settings) -> String {
     )
 }
 
+/// The supervisor with the outbox publisher, the sweeper, the compensation worker,
+/// the reconciler of Redis reservations, the retention service and the gauge
+/// sampler; the outbox publisher yields to the orders `load` counts.
 pub fn background_services(
     settings: &Settings,
     pool: &Pool,
@@ -477,6 +486,11 @@ pub fn background_services(
             CompensationWorker::new(pool.clone(), redis.clone(), amqp.clone(), config.clone())
         })
     };
+    let retention = {
+        let pool = pool.clone();
+        let config = RetentionConfig::from(&settings.retention);
+        child(move || Retention::new(pool.clone(), config.clone()))
+    };
     let gauges = {
         let (pool, amqp) = (pool.clone(), settings.amqp.clone());
         let interval = Duration::from_millis(settings.telemetry.sample_interval_ms);
@@ -505,6 +519,7 @@ pub fn background_services(
     .child(Sweeper::NAME, sweeper)
     .child(CompensationWorker::NAME, compensation)
     .child(Reconciler::NAME, reconciler)
+    .child(Retention::NAME, retention)
     .child(GaugeSampler::NAME, gauges)
 }
 

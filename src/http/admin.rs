@@ -37,6 +37,7 @@ pub async fn start(
         amqp: settings.amqp.clone(),
         readiness: readiness.clone(),
         intakes: intakes.clone(),
+        inbox_window: settings.retention.inbox_window(),
     });
     let state = web::Data::new(Admin {
         pool,

@@ -18,7 +18,7 @@ use sha2::{Digest, Sha256};
 use uuid::Uuid;
 
 use crate::config::AmqpSettings;
-use crate::mq::dead_letters::{self, Selection};
+use crate::mq::dead_letters::{self, ReplayGuard, Selection};
 use crate::status::IntakeStats;
 use crate::status::Readiness;
 use crate::store::ops as queries;
@@ -31,6 +31,8 @@ pub struct Operations {
     pub amqp: AmqpSettings,
     pub readiness: Arc<Readiness>,
     pub intakes: Arc<IntakeStats>,
+    /// `retention.inbox_secs`: a DLQ replay refuses older messages unless forced.
+    pub inbox_window: std::time::Duration,
 }
 
 /// Rows or messages listed per request unless `?limit=` says otherwise.
@@ -289,6 +291,9 @@ struct ReplayRequest {
     #[serde(default)]
     all: bool,
     limit: Option<i64>,
+    /// Replay even messages older than the inbox window.
+    #[serde(default)]
+    force: bool,
 }
 
 async fn dlq_replay(
@@ -305,11 +310,15 @@ async fn dlq_replay(
         }
     };
     let limit = Limit { limit: body.limit }.get() as usize;
-    match dead_letters::replay(&ops.amqp, &selection, limit).await {
+    let guard = ReplayGuard {
+        inbox_window: ops.inbox_window,
+        force: body.force,
+    };
+    match dead_letters::replay(&ops.amqp, &selection, limit, guard).await {
         Ok(report) => {
             let detail = format!(
-                "{selection:?}: {} replayed, {} without origin, {} left",
-                report.replayed, report.without_origin, report.left
+                "{selection:?} force={}: {} replayed, {} without origin, {} refused, {} left",
+                body.force, report.replayed, report.without_origin, report.refused, report.left
             );
             audit(&who, "dlq_replay", &detail);
             HttpResponse::Ok().json(report)

@@ -7,6 +7,11 @@
 //! which the inbox dedups on) without the dead-letter and retry headers, waits for the
 //! broker's confirm, and only then acks the dead-letter copy: a crash in between leaves
 //! both copies, and the inbox makes the second one harmless.
+//!
+//! The inbox answers a message only within `retention.inbox_secs` of its processing
+//! (the retention service deletes older rows), so a replay refuses a message first
+//! published longer ago than that, unless forced, and says why: the inbox could no
+//! longer tell whether it already had its effect.
 
 use lapin::options::{BasicAckOptions, BasicGetOptions};
 use lapin::types::{AMQPValue, FieldTable};
@@ -23,6 +28,9 @@ use crate::config::AmqpSettings;
 
 /// Header a replayed message carries: when it was replayed (ms since the Unix epoch).
 pub const REPLAYED_AT_HEADER: &str = "x-seckill-replayed-at-ms";
+/// Header a replayed message carries: when it was first published (ms since the Unix
+/// epoch), kept across replays; a replay's age check reads it.
+pub const FIRST_PUBLISHED_AT_HEADER: &str = "x-seckill-first-published-at-ms";
 
 /// One dead-lettered message, without its body.
 #[derive(Debug, Clone, Serialize)]
@@ -35,6 +43,8 @@ pub struct DeadLetter {
     /// Where a replay sends it.
     pub origin_queue: Option<String>,
     pub dead_at_ms: Option<i64>,
+    /// When it was first published, where known (see `first_published_ms`).
+    pub first_published_ms: Option<i64>,
     pub retries: i64,
     pub body_bytes: usize,
 }
@@ -46,15 +56,38 @@ pub enum Selection {
     MessageId(String),
 }
 
+/// What a replay may send back: messages first published within the inbox window,
+/// or any message when forced.
+#[derive(Debug, Clone, Copy)]
+pub struct ReplayGuard {
+    /// `retention.inbox_secs`.
+    pub inbox_window: std::time::Duration,
+    pub force: bool,
+}
+
 /// What a replay did.
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct ReplayReport {
     pub replayed: u64,
     /// Selected messages left in place because they name no queue to go back to.
     pub without_origin: u64,
+    /// Selected messages left in place because the inbox could no longer dedup them.
+    pub refused: u64,
+    /// Why, for the first `MAX_REFUSALS` of them.
+    pub refusals: Vec<Refusal>,
     /// Messages looked at and left in place.
     pub left: u64,
 }
+
+/// A selected message the replay left in place, and why.
+#[derive(Debug, Clone, Serialize)]
+pub struct Refusal {
+    pub message_id: Option<String>,
+    pub reason: String,
+}
+
+/// Refusals listed in one report at most (all are counted).
+const MAX_REFUSALS: usize = 100;
 
 /// Lists up to `limit` messages of each dead-letter queue.
 pub async fn list(settings: &AmqpSettings, limit: usize) -> Result<Vec<DeadLetter>, MqError> {
@@ -77,6 +110,7 @@ pub async fn replay(
     settings: &AmqpSettings,
     selection: &Selection,
     limit: usize,
+    guard: ReplayGuard,
 ) -> Result<ReplayReport, MqError> {
     let session = Session::open(settings).await?;
     let publisher = ConfirmedPublisher::open(&session.connection).await?;
@@ -100,6 +134,16 @@ pub async fn replay(
                 report.without_origin += 1;
                 continue;
             };
+            if let Some(reason) = too_old(letter.first_published_ms, guard, unix_millis()) {
+                report.refused += 1;
+                if report.refusals.len() < MAX_REFUSALS {
+                    report.refusals.push(Refusal {
+                        message_id: letter.message_id,
+                        reason,
+                    });
+                }
+                continue;
+            }
             publisher
                 .publish(
                     "",
@@ -162,8 +206,42 @@ fn describe(dead_queue: &str, delivery: &lapin::message::Delivery) -> DeadLetter
         reason: text_header(props, DEAD_REASON_HEADER),
         origin_queue: text_header(props, DEAD_QUEUE_HEADER).or_else(|| first_death_queue(props)),
         dead_at_ms: int_header(props, DEAD_AT_HEADER),
+        first_published_ms: first_published_ms(props),
         retries: int_header(props, RETRIES_HEADER).unwrap_or(0),
         body_bytes: delivery.data.len(),
+    }
+}
+
+/// When a message was first published: the header a replay keeps, else our
+/// publishers' header, else the AMQP timestamp property (seconds).
+fn first_published_ms(props: &BasicProperties) -> Option<i64> {
+    int_header(props, FIRST_PUBLISHED_AT_HEADER)
+        .or_else(|| int_header(props, PUBLISHED_AT_HEADER))
+        .or_else(|| {
+            props
+                .timestamp()
+                .and_then(|secs| i64::try_from(secs).ok())
+                .map(|secs| secs.saturating_mul(1000))
+        })
+}
+
+/// Why a message first published at `published_ms` may not be replayed at `now_ms`,
+/// or `None` when it may.
+fn too_old(published_ms: Option<i64>, guard: ReplayGuard, now_ms: i64) -> Option<String> {
+    if guard.force {
+        return None;
+    }
+    let window_ms = i64::try_from(guard.inbox_window.as_millis()).unwrap_or(i64::MAX);
+    match published_ms {
+        None => Some(
+            "its first publication time is unknown, so the inbox may no longer dedup it; replay with force to send it anyway".into(),
+        ),
+        Some(at) if now_ms.saturating_sub(at) > window_ms => Some(format!(
+            "first published {} s ago, beyond the inbox window of {} s (retention.inbox_secs): the inbox may no longer dedup it; replay with force to send it anyway",
+            now_ms.saturating_sub(at) / 1000,
+            window_ms / 1000
+        )),
+        Some(_) => None,
     }
 }
 
@@ -191,7 +269,51 @@ fn replay_properties(props: &BasicProperties) -> BasicProperties {
         }
     }
     let now = AMQPValue::LongLongInt(unix_millis());
+    if let Some(first) = first_published_ms(props) {
+        headers.insert(
+            FIRST_PUBLISHED_AT_HEADER.into(),
+            AMQPValue::LongLongInt(first),
+        );
+    }
     headers.insert(REPLAYED_AT_HEADER.into(), now.clone());
     headers.insert(PUBLISHED_AT_HEADER.into(), now);
     props.clone().with_headers(headers)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    #[test]
+    fn a_replay_refuses_what_the_inbox_can_no_longer_dedup() {
+        let guard = ReplayGuard {
+            inbox_window: Duration::from_secs(60),
+            force: false,
+        };
+        let now = 1_000_000_000;
+        assert_eq!(too_old(Some(now - 59_000), guard, now), None);
+        let refused = too_old(Some(now - 61_000), guard, now).expect("refused");
+        assert!(refused.contains("61 s ago"), "{refused}");
+        assert!(refused.contains("retention.inbox_secs"), "{refused}");
+        assert!(too_old(None, guard, now).is_some());
+        let forced = ReplayGuard {
+            force: true,
+            ..guard
+        };
+        assert_eq!(too_old(Some(0), forced, now), None);
+        assert_eq!(too_old(None, forced, now), None);
+    }
+
+    #[test]
+    fn the_first_publication_time_survives_a_replay() {
+        let mut headers = FieldTable::default();
+        headers.insert(PUBLISHED_AT_HEADER.into(), AMQPValue::LongLongInt(42));
+        let original = BasicProperties::default().with_headers(headers);
+        let replayed = replay_properties(&original);
+        assert_eq!(first_published_ms(&replayed), Some(42));
+        assert_eq!(first_published_ms(&replay_properties(&replayed)), Some(42));
+        let stamped = BasicProperties::default().with_timestamp(7);
+        assert_eq!(first_published_ms(&stamped), Some(7_000));
+    }
 }

@@ -42,10 +42,6 @@ pub struct OutboxConfig {
     /// First retry delay; doubles per attempt up to `backoff_max`.
     pub backoff_base: Duration,
     pub backoff_max: Duration,
-    /// SENT rows older than this are deleted...
-    pub retention: Duration,
-    /// ...at most this many per run.
-    pub retention_batch: i64,
     /// While orders are in flight, runs start at least this far apart; zero never
     /// yields.
     pub busy_interval: Duration,
@@ -73,8 +69,6 @@ impl From<&OutboxSettings> for OutboxConfig {
             lease: Duration::from_millis(s.lease_ms),
             backoff_base: Duration::from_millis(s.backoff_base_ms),
             backoff_max: Duration::from_millis(s.backoff_max_ms),
-            retention: Duration::from_secs(s.retention_secs),
-            retention_batch: i64::from(s.retention_batch),
             busy_interval: Duration::from_millis(s.busy_interval_ms),
             max_lag: Duration::from_millis(s.max_lag_ms),
         }
@@ -93,8 +87,6 @@ struct Inner {
     /// Written into `locked_by`: the fencing token of this publisher's leases.
     owner: String,
     publisher: LazyPublisher,
-    /// Retention runs on every 50th pass only.
-    runs: Cell<u64>,
     /// When to take back expired leases.
     recovery: LeaseRecovery,
     /// The order path this publisher yields to, if any.
@@ -124,7 +116,6 @@ impl OutboxPublisher {
                 config,
                 owner: format!("outbox-{}", Uuid::now_v7()),
                 publisher: LazyPublisher::new("seckill-outbox"),
-                runs: Cell::new(0),
                 load,
                 last_claim: Cell::new(None),
                 lagging: Cell::new(false),
@@ -218,18 +209,6 @@ impl Inner {
             }
             sent = outbox::mark_sent(&conn.client, &confirmed, &self.owner).await?;
         }
-        let runs = self.runs.get() + 1;
-        self.runs.set(runs);
-        let deleted = if runs % 50 == 0 {
-            outbox::delete_sent(
-                &conn.client,
-                self.config.retention,
-                self.config.retention_batch,
-            )
-            .await?
-        } else {
-            0
-        };
         metrics::counter!(crate::telemetry::names::OUTBOX_PUBLISHED_TOTAL).increment(sent);
         metrics::counter!(crate::telemetry::names::OUTBOX_FAILURES_TOTAL).increment(failed);
         Ok(Outcome::default()
@@ -237,7 +216,6 @@ impl Inner {
             .count("sent", sent)
             .count("failed", failed)
             .count("dead", dead)
-            .count("deleted", deleted)
             .more(claimed as i64 >= self.config.batch_size && failed == 0))
     }
 

@@ -17,7 +17,9 @@ impl CheckResult {
     }
 }
 
-/// Every check takes `$1 = activity_id or NULL for all activities`.
+/// Every check takes `$1 = activity_id or NULL for all activities`; a check that
+/// reads the inbox also takes `$2 = the inbox window in ms` (`retention.inbox_secs`)
+/// and looks only within it, because retention deletes older inbox rows.
 const CHECKS: &[(&str, &str, &str)] = &[
     (
         "duplicate_orders",
@@ -76,23 +78,6 @@ const CHECKS: &[(&str, &str, &str)] = &[
            AND i.allocated_stock <> coalesce(o.held, 0)",
     ),
     (
-        "inbox_order_consistency",
-        "inbox result naming an order that does not exist, or an order without the inbox row of its message",
-        "SELECT
-            (SELECT count(*) FROM consumer_inbox AS c
-             LEFT JOIN orders AS o ON o.order_id = c.order_id
-             WHERE c.result_code IN ('ORDER_CREATED', 'ORDER_ALREADY_CREATED')
-               AND o.order_id IS NULL
-               AND ($1::bigint IS NULL OR EXISTS (
-                    SELECT 1 FROM inventory_reservation AS r
-                    WHERE r.reservation_id = c.reservation_id AND r.activity_id = $1)))
-          + (SELECT count(*) FROM orders AS o
-             WHERE ($1::bigint IS NULL OR o.activity_id = $1)
-               AND NOT EXISTS (SELECT 1 FROM consumer_inbox AS c
-                               WHERE c.message_id = o.source_message_id
-                                 AND c.order_id = o.order_id))",
-    ),
-    (
         "reservation_order_consistency",
         "ORDERED reservation without its order, or order whose reservation is not ORDERED",
         "SELECT
@@ -107,11 +92,37 @@ const CHECKS: &[(&str, &str, &str)] = &[
     ),
 ];
 
+/// The inbox check. An order's inbox row is written in the order's transaction just
+/// before the order, so an order younger than the window less a second still has
+/// its row (the second covers the transaction's own length).
+const INBOX_CHECK: (&str, &str, &str) = (
+    "inbox_order_consistency",
+    "inbox result naming an order that does not exist, or an order without the inbox row of its message (within the inbox window)",
+    "SELECT
+        (SELECT count(*) FROM consumer_inbox AS c
+         LEFT JOIN orders AS o ON o.order_id = c.order_id
+         WHERE c.result_code IN ('ORDER_CREATED', 'ORDER_ALREADY_CREATED')
+           AND c.processed_at > statement_timestamp() - $2::bigint * interval '1 millisecond'
+           AND o.order_id IS NULL
+           AND ($1::bigint IS NULL OR EXISTS (
+                SELECT 1 FROM inventory_reservation AS r
+                WHERE r.reservation_id = c.reservation_id AND r.activity_id = $1)))
+      + (SELECT count(*) FROM orders AS o
+         WHERE ($1::bigint IS NULL OR o.activity_id = $1)
+           AND o.created_at > statement_timestamp()
+                              - ($2::bigint - 1000) * interval '1 millisecond'
+           AND NOT EXISTS (SELECT 1 FROM consumer_inbox AS c
+                           WHERE c.message_id = o.source_message_id
+                             AND c.order_id = o.order_id))",
+);
+
+/// Runs every check; `inbox_window` is `retention.inbox_secs` (see `INBOX_CHECK`).
 pub async fn run_checks(
     client: &Client,
     activity_id: Option<i64>,
+    inbox_window: std::time::Duration,
 ) -> Result<Vec<CheckResult>, tokio_postgres::Error> {
-    let mut results = Vec::with_capacity(CHECKS.len());
+    let mut results = Vec::with_capacity(CHECKS.len() + 1);
     for (name, description, sql) in CHECKS {
         let violations: i64 = client.query_one(*sql, &[&activity_id]).await?.get(0);
         results.push(CheckResult {
@@ -120,5 +131,16 @@ pub async fn run_checks(
             violations,
         });
     }
+    let (name, description, sql) = INBOX_CHECK;
+    let window = super::millis(inbox_window);
+    let violations: i64 = client
+        .query_one(sql, &[&activity_id, &window])
+        .await?
+        .get(0);
+    results.push(CheckResult {
+        name,
+        description,
+        violations,
+    });
     Ok(results)
 }

@@ -17,6 +17,7 @@ pub mod payments;
 pub mod primary;
 pub mod reads;
 pub mod reconcile;
+pub mod retention;
 pub mod sqlstate;
 pub mod sweeps;
 pub mod topology;

@@ -188,18 +188,6 @@ pub async fn mark_failed(
     Ok(row.map(|r| r.get::<_, i16>(0) == crate::domain::status::OutboxStatus::Dead.code()))
 }
 
-/// Deletes up to `limit` SENT rows older than `retention` (small batches, off the hot
-/// path).
-pub async fn delete_sent(
-    client: &Client,
-    retention: Duration,
-    limit: i64,
-) -> Result<u64, StoreError> {
-    Ok(client
-        .execute(DELETE_SENT, &[&millis(retention), &limit])
-        .await?)
-}
-
 const INSERT_EVENT: &str = "
 INSERT INTO event_outbox (
     event_id, dedup_key, aggregate_type, aggregate_id, topic, tag, message_key,
@@ -283,14 +271,6 @@ WHERE event_id = $1
   AND status = 10
   AND locked_by = $2
 RETURNING status";
-
-const DELETE_SENT: &str = "
-DELETE FROM event_outbox
-WHERE event_id IN (
-    SELECT event_id FROM event_outbox
-    WHERE status = 20
-      AND sent_at < statement_timestamp() - $1::bigint * interval '1 millisecond'
-    LIMIT $2)";
 
 #[cfg(test)]
 mod tests {

@@ -266,6 +266,96 @@ async fn a_replayed_dead_letter_makes_its_order_once_and_a_second_replay_nothing
     env.cleanup().await;
 }
 
+/// Retention deletes inbox rows older than `retention.inbox_secs`: a dead letter
+/// first published longer ago could already have had its effect with nothing left
+/// to dedup it, so a replay leaves it in place and says why, unless forced.
+#[actix_rt::test]
+async fn a_replay_refuses_a_dead_letter_older_than_the_inbox_window_unless_forced() {
+    let env =
+        TestEnv::with(|f| with_token(f).merge(Serialized::default("retention.inbox_secs", 60)))
+            .await;
+    let mut db = env.db().await;
+    let (engine, handle, api) = start(&env.settings).await;
+    let amqp = env.amqp().await;
+
+    // Published two minutes ago (by its header), before its activity exists: it is
+    // dead-lettered.
+    let msg = order(33, 1, 7, 0);
+    let mut props = seckill_engine::mq::message_properties(&msg.message_id.to_string());
+    let mut headers = props.headers().clone().unwrap_or_default();
+    headers.insert(
+        seckill_engine::mq::PUBLISHED_AT_HEADER.into(),
+        lapin::types::AMQPValue::LongLongInt(seckill_engine::mq::unix_millis() - 120_000),
+    );
+    props = props.with_headers(headers);
+    let publisher = seckill_engine::mq::publisher::ConfirmedPublisher::open(&amqp)
+        .await
+        .unwrap();
+    let shard = seckill_engine::domain::shard::shard_for(33, 1, 0, env.settings.amqp.shards);
+    publisher
+        .publish(
+            &env.names.orders_exchange(),
+            &seckill_engine::mq::topology::Names::order_routing_key(shard),
+            &serde_json::to_vec(&msg).unwrap(),
+            props,
+        )
+        .await
+        .unwrap();
+    let channel = amqp.create_channel().await.unwrap();
+    let dead_queue = env.names.order_dead_queue();
+    assert!(env.wait_ready_count(&channel, &dead_queue, 1).await);
+    builders::activity(&mut db, 33, 1, 5, 1).await;
+
+    let listed = api.get("/admin/dlq").await;
+    let first = listed["messages"][0]["first_published_ms"].as_i64();
+    assert!(
+        first.is_some(),
+        "the listing shows the publication time: {listed}"
+    );
+
+    let refused = api
+        .post(
+            "/admin/dlq/replay",
+            json!({"message_id": msg.message_id.to_string()}),
+        )
+        .await;
+    assert_eq!(refused["replayed"], json!(0), "{refused}");
+    assert_eq!(refused["refused"], json!(1), "{refused}");
+    let reason = refused["refusals"][0]["reason"]
+        .as_str()
+        .unwrap_or_default();
+    assert!(
+        reason.contains("retention.inbox_secs") && reason.contains("force"),
+        "the refusal says why and how to override: {refused}"
+    );
+    assert!(
+        env.wait_ready_count(&channel, &dead_queue, 1).await,
+        "the refused message stays in the dead-letter queue"
+    );
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 0);
+
+    let forced = api
+        .post(
+            "/admin/dlq/replay",
+            json!({"message_id": msg.message_id.to_string(), "force": true}),
+        )
+        .await;
+    assert_eq!(forced["replayed"], json!(1), "{forced}");
+    assert!(
+        wait_until(settle(), || async {
+            count(&db, "SELECT count(*) FROM orders WHERE user_id = 7").await == 1
+        })
+        .await,
+        "the forced replay makes its order"
+    );
+    assert_eq!(env.ready_count(&channel, &dead_queue).await, 0);
+    assert_invariants(&db).await;
+
+    handle.stop(true).await;
+    engine.stop().await;
+    env.cleanup().await;
+}
+
 #[actix_rt::test]
 async fn pause_stops_consumption_and_resume_takes_the_backlog() {
     let env = TestEnv::with(with_token).await;

@@ -803,34 +803,137 @@ async fn redis_give_backs_wait_while_redis_is_down_and_run_once_when_it_returns(
     env.cleanup().await;
 }
 
+/// Retention (seed §8.5) with windows of seconds: SENT events past the audit period
+/// move to history, inbox rows past the replay window are deleted, in batches, and
+/// everything younger stays; `check` then compares inbox rows only within the window.
 #[actix_rt::test]
-async fn sent_events_are_deleted_after_the_retention_period() {
+async fn retention_moves_sent_events_to_history_and_prunes_the_inbox_past_its_window() {
     let env = TestEnv::with(|f| {
-        f.merge(Serialized::default("outbox.interval_ms", 10))
-            .merge(Serialized::default("outbox.retention_secs", 60))
+        f.merge(Serialized::default("retention.interval_ms", 20))
+            .merge(Serialized::default("retention.batch_size", 3))
+            .merge(Serialized::default("retention.inbox_secs", 30))
+            .merge(Serialized::default("retention.outbox_history_secs", 30))
     })
     .await;
     let mut db = env.db().await;
     orders_with_unpublished_events(&env, &mut db, 49, 10).await;
-    // Five events were sent long ago, five just now.
+    // Seven events were sent long ago, three just now; four orders (with their inbox
+    // rows) are an hour old.
     db.batch_execute(
         "UPDATE event_outbox SET status = 20, sent_at = now() - interval '2 hours'
-         WHERE event_id IN (SELECT event_id FROM event_outbox ORDER BY event_id LIMIT 5);
-         UPDATE event_outbox SET status = 20, sent_at = now() WHERE status = 0;",
+         WHERE event_id IN (SELECT event_id FROM event_outbox ORDER BY event_id LIMIT 7);
+         UPDATE event_outbox SET status = 20, sent_at = now() WHERE status = 0;
+         UPDATE consumer_inbox SET processed_at = now() - interval '1 hour'
+         WHERE order_id IN (SELECT order_id FROM orders ORDER BY order_id LIMIT 4);
+         UPDATE orders SET created_at = now() - interval '1 hour'
+         WHERE order_id IN (SELECT order_id FROM orders ORDER BY order_id LIMIT 4);",
     )
     .await
     .unwrap();
+    let old_events: Vec<uuid::Uuid> = db
+        .query(
+            "SELECT event_id FROM event_outbox WHERE sent_at < now() - interval '1 hour'",
+            &[],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(old_events.len(), 7);
+
     let engine = EngineHandle::start(&env.settings).await;
-    wait_for(&db, "SELECT count(*) FROM event_outbox", 5).await;
+    wait_for(&db, "SELECT count(*) FROM event_outbox_history", 7).await;
+    wait_for(&db, "SELECT count(*) FROM consumer_inbox", 6).await;
     engine.stop().await;
+    // Moved whole: each old event is in history, with its payload, and nowhere else.
+    let moved: i64 = db
+        .query_one(
+            "SELECT count(*) FROM event_outbox_history AS h
+             JOIN unnest($1::uuid[]) AS o(event_id) USING (event_id)
+             WHERE h.status = 20 AND h.payload IS NOT NULL AND h.archived_at IS NOT NULL",
+            &[&old_events],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(moved, 7);
+    assert_eq!(count(&db, "SELECT count(*) FROM event_outbox").await, 3);
     assert_eq!(
         count(
             &db,
-            "SELECT count(*) FROM event_outbox WHERE sent_at > now() - interval '1 minute'"
+            "SELECT count(*) FROM consumer_inbox WHERE processed_at < now() - interval '1 minute'"
         )
         .await,
-        5
+        0
     );
+
+    // The check within the window passes; the same check over a window that still
+    // reaches the pruned rows finds their four orders without an inbox row, so the
+    // window is what makes the difference.
+    let check = |window: Duration| {
+        let db = &db;
+        async move {
+            seckill_engine::store::invariants::run_checks(db, None, window)
+                .await
+                .unwrap()
+                .into_iter()
+                .find(|r| r.name == "inbox_order_consistency")
+                .unwrap()
+                .violations
+        }
+    };
+    assert_eq!(check(env.settings.retention.inbox_window()).await, 0);
+    assert_eq!(check(Duration::from_secs(86_400)).await, 4);
+    env.cleanup().await;
+}
+
+/// Retention never waits for a row another transaction holds: it takes the rest and
+/// the held row on a later run.
+#[actix_rt::test]
+async fn retention_skips_rows_the_order_path_holds() {
+    let env = TestEnv::new().await;
+    let mut db = env.db().await;
+    orders_with_unpublished_events(&env, &mut db, 50, 4).await;
+    db.batch_execute(
+        "UPDATE event_outbox SET status = 20, sent_at = now() - interval '2 hours';
+         UPDATE consumer_inbox SET processed_at = now() - interval '2 hours';",
+    )
+    .await
+    .unwrap();
+    let mut holder = env.db().await;
+    let tx = holder.transaction().await.unwrap();
+    tx.batch_execute(
+        "SELECT 1 FROM event_outbox
+         WHERE event_id = (SELECT event_id FROM event_outbox ORDER BY event_id LIMIT 1) FOR UPDATE;
+         SELECT 1 FROM consumer_inbox
+         WHERE message_id = (SELECT message_id FROM consumer_inbox ORDER BY message_id LIMIT 1)
+         FOR UPDATE;",
+    )
+    .await
+    .unwrap();
+    let hour = Duration::from_secs(3600);
+    let started = std::time::Instant::now();
+    let archived = seckill_engine::store::retention::archive_sent(&db, hour, 100)
+        .await
+        .unwrap();
+    let pruned = seckill_engine::store::retention::prune_inbox(&db, hour, 100)
+        .await
+        .unwrap();
+    assert_eq!((archived, pruned), (3, 3), "the held rows are skipped");
+    assert!(
+        started.elapsed() < Duration::from_secs(2),
+        "no wait on the held rows: {:?}",
+        started.elapsed()
+    );
+    tx.rollback().await.unwrap();
+    let archived = seckill_engine::store::retention::archive_sent(&db, hour, 100)
+        .await
+        .unwrap();
+    let pruned = seckill_engine::store::retention::prune_inbox(&db, hour, 100)
+        .await
+        .unwrap();
+    assert_eq!((archived, pruned), (1, 1), "taken once released");
     env.cleanup().await;
 }
 

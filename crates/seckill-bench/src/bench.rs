@@ -359,7 +359,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
-    let checks_run = run_checks(&db, Some(activity_id)).await?;
+    let checks_run = run_checks(&db, Some(activity_id), settings.retention.inbox_window()).await?;
     let oversold = (sold - i64::from(args.stock)).max(0);
     // Messages the broker refused never reached the engine: such a run measured less
     // than it was asked to, whatever its checks say.

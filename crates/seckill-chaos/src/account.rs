@@ -328,10 +328,21 @@ pub async fn account(i: Inputs<'_>) -> anyhow::Result<Account> {
     }
     seckill_engine::mq::close(&amqp, &[&channel]).await;
 
+    // Retention deletes inbox rows older than its window: the account compares only
+    // rows within it, and a scenario longer than the window could not be accounted.
+    let window = i.settings.retention.inbox_window();
+    anyhow::ensure!(
+        i.elapsed < window,
+        "the scenario ran {:?}, longer than retention.inbox_secs ({:?}): its first inbox rows may be pruned",
+        i.elapsed,
+        window
+    );
+    let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
     let inbox: HashMap<String, DateTime<Utc>> = db
         .query(
-            "SELECT message_id::text, created_at FROM consumer_inbox",
-            &[],
+            "SELECT message_id::text, created_at FROM consumer_inbox
+             WHERE processed_at > statement_timestamp() - $1::bigint * interval '1 millisecond'",
+            &[&window_ms],
         )
         .await?
         .iter()
@@ -398,7 +409,7 @@ pub async fn account(i: Inputs<'_>) -> anyhow::Result<Account> {
                             - (SELECT sum(total_stock) FROM sku_inventory))",
     )
     .await?;
-    let checks = invariants::run_checks(&db, None).await?;
+    let checks = invariants::run_checks(&db, None, window).await?;
     let conservation_errors: i64 = checks
         .iter()
         .filter(|c| c.name != "duplicate_orders")
