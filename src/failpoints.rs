@@ -10,6 +10,13 @@
 //! Points that do not abort (`failpoint_for!`), armed by in-process tests for one
 //! activity: `frontstage_confirm_lost` (the front stage's publish was confirmed, and
 //! is treated as if its confirm had been lost).
+//!
+//! Points that hang (`failpoint_hang!`), armed through `FAILPOINTS` with `return`:
+//! `order_tx_before_commit` (every statement of the order transaction has been
+//! answered, the stock UPDATE among them, and COMMIT is not sent). The transaction
+//! stays open, holding its row locks, until the process is killed: a test sees that
+//! state in PostgreSQL and then kills the process with SIGKILL at exactly that point
+//! (seed §13.4).
 
 /// Whether the named point is armed as `return(ARG)` with ARG equal to the given
 /// value (its `Display`): a fault an in-process test injects for its own activity
@@ -35,6 +42,36 @@ macro_rules! failpoint {
         #[cfg(feature = "chaos")]
         $crate::failpoints::check($name);
     };
+}
+
+/// Never returns if the named point is armed (see the module docs); the caller has
+/// had every statement before it answered.
+#[macro_export]
+macro_rules! failpoint_hang {
+    ($name:literal) => {
+        #[cfg(feature = "chaos")]
+        $crate::failpoints::hang_if_armed($name).await;
+    };
+}
+
+#[cfg(feature = "chaos")]
+pub async fn hang_if_armed(name: &str) {
+    if armed(name) {
+        match hang(name).await {}
+    }
+}
+
+/// Waits forever (until the process is killed).
+#[cfg(feature = "chaos")]
+pub async fn hang(name: &str) -> std::convert::Infallible {
+    eprintln!("failpoint {name}: hanging until the process is killed");
+    std::future::pending().await
+}
+
+/// Whether the named point is armed at all.
+#[cfg(feature = "chaos")]
+pub fn armed(name: &str) -> bool {
+    fail::eval(name, |_| ()).is_some()
 }
 
 #[cfg(feature = "chaos")]

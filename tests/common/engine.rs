@@ -19,6 +19,8 @@ pub struct EngineHandle {
     pub readiness: Arc<Readiness>,
     /// The engine's generator, under its node id lease (for a front stage).
     pub ids: Arc<IdGenerator>,
+    /// The engine's own pool (a test may hold its connections).
+    pub pool: seckill_engine::store::Pool,
 }
 
 impl EngineHandle {
@@ -36,6 +38,7 @@ impl EngineHandle {
                             engine.intake_stats(),
                             engine.readiness(),
                             engine.ids(),
+                            engine.pool().clone(),
                         )));
                         // A dropped sender (kill) skips the clean AMQP close.
                         if stop_rx.await.is_ok() {
@@ -48,7 +51,7 @@ impl EngineHandle {
                 }
             });
         });
-        let (stats, readiness, ids) = ready_rx
+        let (stats, readiness, ids, pool) = ready_rx
             .await
             .expect("engine thread alive")
             .unwrap_or_else(|e| panic!("engine failed to start: {e}"));
@@ -58,6 +61,7 @@ impl EngineHandle {
             stats,
             readiness,
             ids,
+            pool,
         }
     }
 

@@ -413,7 +413,7 @@ async fn diagnose_names_the_blocker_and_writes_nothing() {
 
 /// A `serve` process under test; its stderr is read to the end on a thread of its own
 /// (so it never writes into a closed pipe) and kept for failure messages.
-struct Serve {
+pub(crate) struct Serve {
     /// `None` once waited for.
     child: Option<std::process::Child>,
     reader: Option<std::thread::JoinHandle<String>>,
@@ -432,7 +432,7 @@ impl Drop for Serve {
 impl Serve {
     /// Starts `serve` logging at INFO and waits until it logged `ready_line` (60 s
     /// at most).
-    async fn start(cmd: &mut Command, ready_line: &'static str) -> (Serve, bool) {
+    pub(crate) async fn start(cmd: &mut Command, ready_line: &'static str) -> (Serve, bool) {
         Self::start_logging(cmd, ready_line, "info").await
     }
 
@@ -488,11 +488,11 @@ impl Serve {
         self.wait().await
     }
 
-    fn pid(&self) -> u32 {
+    pub(crate) fn pid(&self) -> u32 {
         self.child.as_ref().map_or(0, |c| c.id())
     }
 
-    async fn wait(mut self) -> (std::process::ExitStatus, String) {
+    pub(crate) async fn wait(mut self) -> (std::process::ExitStatus, String) {
         let mut child = self.child.take().expect("not waited for yet");
         let status = tokio::task::spawn_blocking(move || child.wait())
             .await
@@ -503,10 +503,6 @@ impl Serve {
     }
 }
 
-/// Following one activity's orders (issue 35 pt 1): the activities of
-/// `telemetry.trace_activities`, and one added by `POST /admin/trace`, get an INFO
-/// line per order transaction with the §12.1 fields, at the default level; another
-/// activity's orders log nothing at INFO.
 /// `text` without ANSI colour sequences (`ESC [ ... m`).
 fn without_colours(text: &str) -> String {
     let mut out = String::with_capacity(text.len());
@@ -525,6 +521,10 @@ fn without_colours(text: &str) -> String {
     out
 }
 
+/// Following one activity's orders (issue 35 pt 1): the activities of
+/// `telemetry.trace_activities`, and one added by `POST /admin/trace`, get an INFO
+/// line per order transaction with the §12.1 fields, at the default level; another
+/// activity's orders log nothing at INFO.
 #[actix_rt::test]
 async fn traced_activities_log_each_order_at_info_and_others_do_not() {
     let env = crate::common::TestEnv::new().await;
@@ -1224,7 +1224,7 @@ async fn instances_lease_distinct_node_ids_and_a_held_id_is_refused() {
     env.cleanup().await;
 }
 
-fn signal(pid: u32, sig: &str) {
+pub(crate) fn signal(pid: u32, sig: &str) {
     let status = Command::new("kill")
         .args([sig, &pid.to_string()])
         .status()

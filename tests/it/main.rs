@@ -7,6 +7,7 @@ mod admin;
 mod background;
 mod cli;
 mod deploy;
+mod faults;
 mod frontstage;
 mod group_commit;
 mod ha;

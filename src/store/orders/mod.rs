@@ -149,6 +149,7 @@ async fn create_orders_once(
     let (set, outcomes) = futures_util::join!(set, body);
     set?;
     let outcomes = outcomes?;
+    crate::failpoint_hang!("order_tx_before_commit");
     turn.pass_on().await;
     commit(tx, warnings).await?;
     Ok(outcomes)

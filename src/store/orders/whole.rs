@@ -282,6 +282,12 @@ pub(super) async fn send_whole<'c>(
         drop((requests, last));
         return Err(abandon(client, in_transaction, queued, unsent).await);
     }
+    #[cfg(feature = "chaos")]
+    if crate::failpoints::armed("order_tx_before_commit") {
+        // Every statement answered (the stock UPDATE among them), COMMIT not sent.
+        let _ = futures_util::join!(futures_util::future::join_all(requests), last);
+        match crate::failpoints::hang("order_tx_before_commit").await {}
+    }
     let (mut answers, last, committed) = futures_util::join!(
         futures_util::future::join_all(requests),
         last,
