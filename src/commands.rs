@@ -15,7 +15,6 @@ use crate::redis::commands as redis_commands;
 use crate::redis::keys::SkuKeys;
 use crate::store::activity::{create_activity, ActivitySpec};
 use crate::store::invariants::run_checks;
-use crate::store::reconcile;
 use crate::store::topology::{self, ShardLayout};
 use crate::store::{self, migrate};
 
@@ -655,63 +654,21 @@ async fn reshard(settings: &Settings, shards: u16) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// One bucket's Redis/PostgreSQL comparison.
-struct BucketDrift {
-    activity_id: i64,
-    sku_id: i64,
-    bucket: i16,
-    pg_available: i64,
-    redis_stock: i64,
-    unsettled: i64,
-    drift: i64,
-}
-
-/// PostgreSQL's available stock should equal Redis stock plus the units Redis handed
-/// to reservations PostgreSQL has not processed yet (their messages are in flight).
+/// Every bucket's drift between Redis and PostgreSQL (`services::drift`).
 async fn redis_drift(
     settings: &Settings,
     client: &tokio_postgres::Client,
     activity: Option<i64>,
-) -> anyhow::Result<Vec<BucketDrift>> {
+) -> anyhow::Result<Vec<crate::services::drift::BucketDrift>> {
     let mut redis = crate::redis::connect(&settings.redis)
         .await
         .context("connecting to Redis")?;
-    let buckets = reconcile::buckets_available(client, activity).await?;
-    let mut out = Vec::new();
-    let mut unsettled: std::collections::HashMap<(i64, i64, i16), i64> = Default::default();
-    let mut seen_skus = std::collections::HashSet::new();
-    for b in &buckets {
-        if !seen_skus.insert((b.activity_id, b.sku_id)) {
-            continue;
-        }
-        let keys = SkuKeys::new(&settings.redis.key_prefix, b.activity_id, b.sku_id);
-        let pending = redis_commands::all_pending(&mut redis, &keys).await?;
-        let ids: Vec<uuid::Uuid> = pending.iter().map(|p| p.reservation_id).collect();
-        let known = reconcile::known_reservations(client, &ids).await?;
-        for p in pending {
-            if !known.contains(&p.reservation_id) {
-                *unsettled
-                    .entry((b.activity_id, b.sku_id, p.bucket))
-                    .or_default() += 1;
-            }
-        }
-    }
-    for b in buckets {
-        let keys = SkuKeys::new(&settings.redis.key_prefix, b.activity_id, b.sku_id);
-        let redis_stock = redis_commands::bucket_stock(&mut redis, &keys, b.bucket).await?;
-        let unsettled = unsettled
-            .get(&(b.activity_id, b.sku_id, b.bucket))
-            .copied()
-            .unwrap_or(0);
-        out.push(BucketDrift {
-            activity_id: b.activity_id,
-            sku_id: b.sku_id,
-            bucket: b.bucket,
-            pg_available: b.available,
-            redis_stock,
-            unsettled,
-            drift: b.available - redis_stock - unsettled,
-        });
-    }
-    Ok(out)
+    Ok(crate::services::drift::measure(
+        client,
+        &mut redis,
+        &settings.redis.key_prefix,
+        activity,
+        |_, _| true,
+    )
+    .await?)
 }

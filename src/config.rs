@@ -295,6 +295,9 @@ pub struct TelemetrySettings {
     /// How often the gauges read from PostgreSQL and RabbitMQ (outbox and
     /// compensation backlog, dead-letter depth, pool state) are refreshed.
     pub sample_interval_ms: u64,
+    /// How often the sampler runs the stock invariants over the live sales
+    /// (`seckill_conservation_violations`).
+    pub conservation_interval_ms: u64,
     /// Activities whose order transactions are logged at INFO (`telemetry::trace`).
     pub trace_activities: Vec<i64>,
 }
@@ -583,6 +586,12 @@ impl Settings {
                 "telemetry.sample_interval_ms",
                 self.telemetry.sample_interval_ms,
                 100,
+                HOUR_MS,
+            ),
+            (
+                "telemetry.conservation_interval_ms",
+                self.telemetry.conservation_interval_ms,
+                1_000,
                 HOUR_MS,
             ),
             (

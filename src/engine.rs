@@ -494,7 +494,8 @@ pub fn background_services(
     let gauges = {
         let (pool, amqp) = (pool.clone(), settings.amqp.clone());
         let interval = Duration::from_millis(settings.telemetry.sample_interval_ms);
-        child(move || GaugeSampler::new(pool.clone(), amqp.clone(), interval))
+        let conservation = Duration::from_millis(settings.telemetry.conservation_interval_ms);
+        child(move || GaugeSampler::new(pool.clone(), amqp.clone(), interval, conservation))
     };
     let reconciler = {
         let (pool, redis) = (pool.clone(), settings.redis.clone());

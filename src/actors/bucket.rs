@@ -453,6 +453,9 @@ fn log_failed(
     let msg = &run.msg;
     metrics::histogram!(crate::telemetry::names::ORDER_TX_DURATION_SECONDS, "outcome" => "error")
         .record(elapsed.as_secs_f64());
+    if e.sqlstate() == Some("55P03") {
+        metrics::counter!(crate::telemetry::names::DB_LOCK_TIMEOUTS_TOTAL).increment(1);
+    }
     crate::order_log!(
         key.activity_id,
         request_id = %msg.request_id, reservation_id = %msg.reservation_id,

@@ -165,9 +165,13 @@ async fn metrics(admin: web::Data<Admin>, req: actix_web::HttpRequest) -> HttpRe
         }
     }
     match crate::telemetry::metrics() {
-        Some(handle) => HttpResponse::Ok()
-            .content_type("text/plain; version=0.0.4")
-            .body(handle.render()),
+        Some(handle) => {
+            let mut text = handle.render();
+            crate::telemetry::sampled::render(&mut text);
+            HttpResponse::Ok()
+                .content_type("text/plain; version=0.0.4")
+                .body(text)
+        }
         None => HttpResponse::ServiceUnavailable().body("metrics recorder not installed"),
     }
 }

@@ -1,19 +1,25 @@
 //! The gauge sampler owns the metrics that are states rather than events: the
 //! outbox and compensation backlog and the age of their oldest row (PostgreSQL), the
-//! depth of the dead-letter queues (RabbitMQ), and the connection pool's state. It
-//! reads them on `telemetry.sample_interval_ms` and writes nothing; its runs are not
-//! logged, since every run "does" something.
+//! depth of the dead-letter queues (RabbitMQ), the connection pool's state, and the
+//! answers to "is the sale healthy?" (seed §12.2): the stock of each bucket of a
+//! live sale, lock waits and deadlocks, the WAL position, dead rows and last vacuum
+//! of each table, each standby's lag, and, every `telemetry.conservation_interval_ms`,
+//! the stock invariants over the live sales. It reads them on
+//! `telemetry.sample_interval_ms` and writes nothing; its runs are not logged, since
+//! every run "does" something.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::rc::Rc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::LocalBoxFuture;
 
 use super::runner::{Outcome, Service, ServiceError};
 use crate::config::AmqpSettings;
 use crate::mq::topology::Names;
-use crate::store::{ops, Pool};
+use crate::store::{health, invariants, ops, Pool};
+use crate::telemetry::names;
+use crate::telemetry::sampled::{self, Series};
 
 pub struct GaugeSampler {
     inner: Rc<Inner>,
@@ -24,12 +30,20 @@ struct Inner {
     amqp: AmqpSettings,
     dead_queues: Vec<String>,
     interval: Duration,
+    /// How often the stock invariants run, and when they last did.
+    conservation_every: Duration,
+    conservation_at: Cell<Option<Instant>>,
     /// Opened on first use and again after a failure.
     channel: RefCell<Option<(Rc<lapin::Connection>, lapin::Channel)>>,
 }
 
 impl GaugeSampler {
-    pub fn new(pool: Pool, amqp: AmqpSettings, interval: Duration) -> Self {
+    pub fn new(
+        pool: Pool,
+        amqp: AmqpSettings,
+        interval: Duration,
+        conservation_every: Duration,
+    ) -> Self {
         let names = Names::new(&amqp.namespace);
         Self {
             inner: Rc::new(Inner {
@@ -37,6 +51,8 @@ impl GaugeSampler {
                 dead_queues: vec![names.order_dead_queue(), names.payment_dead_queue()],
                 amqp,
                 interval,
+                conservation_every,
+                conservation_at: Cell::new(None),
                 channel: RefCell::new(None),
             }),
         }
@@ -67,6 +83,106 @@ impl Inner {
             .set(b.compensation_oldest_pending_age_seconds);
         metrics::gauge!(crate::telemetry::names::COMPENSATION_MANUAL_REVIEW)
             .set(b.compensation_manual_review as f64);
+        Ok(())
+    }
+
+    async fn sample_health(&self) -> Result<(), ServiceError> {
+        let conn = self.pool.get().await?;
+        let client = &conn.client;
+        let buckets = health::live_buckets(client).await?;
+        let labels = |b: &health::LiveBucket| {
+            vec![
+                ("activity", b.activity_id.to_string()),
+                ("sku", b.sku_id.to_string()),
+                ("bucket", b.bucket.to_string()),
+            ]
+        };
+        let series = |value: fn(&health::LiveBucket) -> f64| {
+            buckets
+                .iter()
+                .map(|b| Series::new(labels(b), value(b)))
+                .collect::<Vec<_>>()
+        };
+        sampled::replace(
+            names::BUCKET_AVAILABLE_UNITS,
+            series(|b| f64::from(b.available)),
+        );
+        sampled::replace(
+            names::BUCKET_ALLOCATED_UNITS,
+            series(|b| f64::from(b.allocated)),
+        );
+        sampled::replace(
+            names::BUCKET_SOLD_OUT,
+            series(|b| if b.available == 0 { 1.0 } else { 0.0 }),
+        );
+
+        let waits = health::lock_waits(client).await?;
+        metrics::gauge!(crate::telemetry::names::DB_LOCK_WAITING_SESSIONS)
+            .set(waits.sessions as f64);
+        metrics::gauge!(crate::telemetry::names::DB_LOCK_WAIT_MAX_SECONDS)
+            .set(waits.longest_seconds);
+        let stats = health::database_stats(client).await?;
+        metrics::counter!(crate::telemetry::names::DB_DEADLOCKS_TOTAL)
+            .absolute(u64::try_from(stats.deadlocks).unwrap_or(0));
+        metrics::gauge!(crate::telemetry::names::DB_WAL_BYTES).set(stats.wal_bytes as f64);
+
+        let tables = health::tables(client).await?;
+        let table = |t: &crate::store::diagnose::TableHealth| vec![("table", t.table.clone())];
+        sampled::replace(
+            names::TABLE_DEAD_TUPLES,
+            tables
+                .iter()
+                .map(|t| Series::new(table(t), t.dead_rows as f64))
+                .collect(),
+        );
+        let now = chrono::Utc::now();
+        sampled::replace(
+            names::TABLE_LAST_VACUUM_AGE_SECONDS,
+            tables
+                .iter()
+                .filter_map(|t| {
+                    let age = (now - t.last_vacuum?).num_milliseconds() as f64 / 1000.0;
+                    Some(Series::new(table(t), age.max(0.0)))
+                })
+                .collect(),
+        );
+
+        let standbys = health::standbys(client).await?;
+        let standby = |s: &crate::store::diagnose::Standby| vec![("standby", s.name.clone())];
+        sampled::replace(
+            names::STANDBY_REPLAY_LAG_SECONDS,
+            standbys
+                .iter()
+                .map(|s| Series::new(standby(s), s.replay_lag_seconds.unwrap_or(0.0)))
+                .collect(),
+        );
+        sampled::replace(
+            names::STANDBY_REPLAY_LAG_BYTES,
+            standbys
+                .iter()
+                .map(|s| Series::new(standby(s), s.replay_bytes_behind.unwrap_or(0) as f64))
+                .collect(),
+        );
+
+        let due = self
+            .conservation_at
+            .get()
+            .is_none_or(|at| at.elapsed() >= self.conservation_every);
+        if due {
+            self.conservation_at.set(Some(Instant::now()));
+            let mut violations = 0;
+            for activity in health::live_activities(client).await? {
+                violations += invariants::conservation_violations(client, activity).await?;
+            }
+            if violations > 0 {
+                tracing::error!(
+                    violations,
+                    "stock invariants violated in a live sale: run `seckill-engine check`"
+                );
+            }
+            metrics::gauge!(crate::telemetry::names::CONSERVATION_VIOLATIONS)
+                .set(violations as f64);
+        }
         Ok(())
     }
 
@@ -113,6 +229,7 @@ impl Service for GaugeSampler {
         Box::pin(async move {
             inner.sample_pool();
             inner.sample_backlog().await?;
+            inner.sample_health().await?;
             inner.sample_dead_letters().await?;
             Ok(Outcome::default())
         })

@@ -6,6 +6,9 @@
 //! if that record won: a message arriving later then creates no order, so a unit is
 //! never both sold and given back (docs/DESIGN.md, "Redis give-backs"). The give-back
 //! itself happens once per reservation (the script's marker).
+//!
+//! Each pass also measures Redis drift for the SKUs of the live sales
+//! (`services::drift`, `seckill_redis_drift_units`).
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -121,6 +124,31 @@ impl Service for Reconciler {
             }
             metrics::counter!(crate::telemetry::names::RECONCILER_GIVEN_BACK_TOTAL)
                 .increment(given_back);
+            let live: std::collections::HashSet<i64> =
+                crate::store::health::live_activities(&conn.client)
+                    .await?
+                    .into_iter()
+                    .collect();
+            let drift = super::drift::measure(
+                &conn.client,
+                &mut redis,
+                &inner.redis.key_prefix,
+                None,
+                |activity, _| live.contains(&activity),
+            )
+            .await?;
+            crate::telemetry::sampled::replace(
+                crate::telemetry::names::REDIS_DRIFT_UNITS,
+                super::drift::per_sku(&drift)
+                    .into_iter()
+                    .map(|((activity, sku), drift)| {
+                        crate::telemetry::sampled::Series::new(
+                            vec![("activity", activity.to_string()), ("sku", sku.to_string())],
+                            drift as f64,
+                        )
+                    })
+                    .collect(),
+            );
             Ok(Outcome::default()
                 .count("given_back", given_back)
                 .count("confirmed", confirmed)

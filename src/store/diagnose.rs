@@ -185,14 +185,14 @@ WHERE w.datname = current_database()
 ORDER BY w.query_start, w.pid, b.pid";
 
 /// The engine's tables by dead rows, most first.
-const TABLES: &str = "
+pub(super) const TABLES: &str = "
 SELECT relname::text, n_live_tup, n_dead_tup, n_tup_upd, n_tup_hot_upd,
        greatest(last_vacuum, last_autovacuum), greatest(last_analyze, last_autoanalyze)
 FROM pg_stat_user_tables
 WHERE schemaname = 'seckill'
 ORDER BY n_dead_tup DESC, relname";
 
-const STANDBYS: &str = "
+pub(super) const STANDBYS: &str = "
 SELECT coalesce(application_name, ''), coalesce(state, ''), coalesce(sync_state, ''),
        extract(epoch FROM replay_lag)::float8,
        pg_wal_lsn_diff(sent_lsn, replay_lsn)::int8

@@ -116,6 +116,28 @@ const INBOX_CHECK: (&str, &str, &str) = (
                              AND c.order_id = o.order_id))",
 );
 
+/// The stock checks the gauge sampler runs on a schedule over each live sale
+/// (`seckill_conservation_violations`): each reads one activity's buckets or orders.
+const CONSERVATION: &[&str] = &[
+    "duplicate_orders",
+    "bucket_conservation",
+    "sku_total_conservation",
+    "allocated_matches_orders",
+];
+
+/// Rows of one activity violating the stock checks (`CONSERVATION`).
+pub async fn conservation_violations(
+    client: &Client,
+    activity_id: i64,
+) -> Result<i64, tokio_postgres::Error> {
+    let mut total = 0;
+    for (_, _, sql) in CHECKS.iter().filter(|(n, _, _)| CONSERVATION.contains(n)) {
+        let violations: i64 = client.query_one(*sql, &[&Some(activity_id)]).await?.get(0);
+        total += violations;
+    }
+    Ok(total)
+}
+
 /// Runs every check; `inbox_window` is `retention.inbox_secs` (see `INBOX_CHECK`).
 pub async fn run_checks(
     client: &Client,

@@ -5,6 +5,7 @@
 pub mod activity;
 pub mod compensation;
 pub mod diagnose;
+pub mod health;
 mod inbox;
 pub mod invariants;
 pub mod maintain;

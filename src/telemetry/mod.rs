@@ -1,7 +1,9 @@
 //! Logging (human-readable text or JSON lines, level from `RUST_LOG` or the config)
-//! and the Prometheus metrics recorder; `names` is the metric catalogue.
+//! and the Prometheus metrics recorder; `names` is the metric catalogue, `sampled`
+//! the gauges whose series come and go with the data.
 
 pub mod names;
+pub mod sampled;
 pub mod trace;
 
 use std::sync::OnceLock;
@@ -81,7 +83,11 @@ pub fn metrics() -> Option<&'static PrometheusHandle> {
                 )
                 .ok()?;
             let handle = builder.install_recorder().ok()?;
-            for m in names::CATALOGUE {
+            // The sampled gauges carry their help in their own rendering.
+            for m in names::CATALOGUE
+                .iter()
+                .filter(|m| !names::SAMPLED.contains(&m.name))
+            {
                 match m.kind {
                     names::Kind::Counter => metrics::describe_counter!(m.name, m.help),
                     names::Kind::Gauge => metrics::describe_gauge!(m.name, m.help),

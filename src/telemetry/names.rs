@@ -20,6 +20,34 @@ pub struct Metric {
     pub help: &'static str,
 }
 
+/// Units a live sale's bucket has allocated to orders, by `activity`, `sku`, `bucket` (only while the sale is live).
+pub const BUCKET_ALLOCATED_UNITS: &str = "seckill_bucket_allocated_units";
+/// Units a live sale's bucket still holds in PostgreSQL, by `activity`, `sku`, `bucket` (only while the sale is live).
+pub const BUCKET_AVAILABLE_UNITS: &str = "seckill_bucket_available_units";
+/// 1 when a live sale's bucket holds no unit, else 0, by `activity`, `sku`, `bucket` (only while the sale is live).
+pub const BUCKET_SOLD_OUT: &str = "seckill_bucket_sold_out";
+/// Rows violating the stock invariants (the checks of `seckill-engine check`) over the live sales, from the last scheduled run.
+pub const CONSERVATION_VIOLATIONS: &str = "seckill_conservation_violations";
+/// Deadlocks PostgreSQL detected in the engine's database (pg_stat_database).
+pub const DB_DEADLOCKS_TOTAL: &str = "seckill_db_deadlocks_total";
+/// Order transactions aborted by `database.lock_timeout_ms` (SQLSTATE 55P03).
+pub const DB_LOCK_TIMEOUTS_TOTAL: &str = "seckill_db_lock_timeouts_total";
+/// How long the longest lock wait in the engine's database has lasted so far (0 when none waits).
+pub const DB_LOCK_WAIT_MAX_SECONDS: &str = "seckill_db_lock_wait_max_seconds";
+/// Sessions of the engine's database waiting for a lock right now.
+pub const DB_LOCK_WAITING_SESSIONS: &str = "seckill_db_lock_waiting_sessions";
+/// The server's WAL position in bytes (its rate is the WAL written per second).
+pub const DB_WAL_BYTES: &str = "seckill_db_wal_bytes";
+/// PostgreSQL's available units minus Redis stock minus Redis reservations PostgreSQL has not seen, by `activity`, `sku`, from the reconciler's pass (only while the sale is live).
+pub const REDIS_DRIFT_UNITS: &str = "seckill_redis_drift_units";
+/// WAL a standby has been sent but not replayed, by `standby` (pg_stat_replication).
+pub const STANDBY_REPLAY_LAG_BYTES: &str = "seckill_standby_replay_lag_bytes";
+/// A standby's replay lag, by `standby` (pg_stat_replication).
+pub const STANDBY_REPLAY_LAG_SECONDS: &str = "seckill_standby_replay_lag_seconds";
+/// Dead row versions of a table of the engine's schema, by `table`.
+pub const TABLE_DEAD_TUPLES: &str = "seckill_table_dead_tuples";
+/// Time since a table was last vacuumed (by hand or autovacuum), by `table`; absent for a table never vacuumed.
+pub const TABLE_LAST_VACUUM_AGE_SECONDS: &str = "seckill_table_last_vacuum_age_seconds";
 /// Children the supervisor restarted after a failure, by `actor`.
 pub const ACTOR_RESTARTS_TOTAL: &str = "seckill_actor_restarts_total";
 /// Operator API actions taken, by `action`.
@@ -145,6 +173,19 @@ pub const REDIS_GIVE_BACK_TOTAL: &str = "seckill_redis_give_back_total";
 pub const REDIS_RELEASE_REQUESTED_TOTAL: &str = "seckill_redis_release_requested_total";
 
 /// Every metric above, for `describe` and the docs check.
+/// The gauges whose series come and go with the data (`telemetry::sampled`), not
+/// kept by the recorder.
+pub const SAMPLED: &[&str] = &[
+    BUCKET_ALLOCATED_UNITS,
+    BUCKET_AVAILABLE_UNITS,
+    BUCKET_SOLD_OUT,
+    REDIS_DRIFT_UNITS,
+    STANDBY_REPLAY_LAG_BYTES,
+    STANDBY_REPLAY_LAG_SECONDS,
+    TABLE_DEAD_TUPLES,
+    TABLE_LAST_VACUUM_AGE_SECONDS,
+];
+
 pub const CATALOGUE: &[Metric] = &[
     Metric { name: ACTOR_RESTARTS_TOTAL, kind: Kind::Counter, help: "Children the supervisor restarted after a failure, by `actor`." },
     Metric { name: ADMIN_ACTIONS_TOTAL, kind: Kind::Counter, help: "Operator API actions taken, by `action`." },
@@ -207,6 +248,20 @@ pub const CATALOGUE: &[Metric] = &[
     Metric { name: REDIS_ERRORS_TOTAL, kind: Kind::Counter, help: "Redis commands that failed, by `command`." },
     Metric { name: REDIS_GIVE_BACK_TOTAL, kind: Kind::Counter, help: "Give-backs of a Redis unit run by the compensation worker, by `changed` (`yes` when the unit was returned, `no` when it already had been)." },
     Metric { name: REDIS_RELEASE_REQUESTED_TOTAL, kind: Kind::Counter, help: "Redis give-backs requested by the order transaction, by `reason`." },
+    Metric { name: BUCKET_ALLOCATED_UNITS, kind: Kind::Gauge, help: "Units a live sale's bucket has allocated to orders, by `activity`, `sku`, `bucket` (only while the sale is live)." },
+    Metric { name: BUCKET_AVAILABLE_UNITS, kind: Kind::Gauge, help: "Units a live sale's bucket still holds in PostgreSQL, by `activity`, `sku`, `bucket` (only while the sale is live)." },
+    Metric { name: BUCKET_SOLD_OUT, kind: Kind::Gauge, help: "1 when a live sale's bucket holds no unit, else 0, by `activity`, `sku`, `bucket` (only while the sale is live)." },
+    Metric { name: CONSERVATION_VIOLATIONS, kind: Kind::Gauge, help: "Rows violating the stock invariants (the checks of `seckill-engine check`) over the live sales, from the last scheduled run." },
+    Metric { name: DB_DEADLOCKS_TOTAL, kind: Kind::Counter, help: "Deadlocks PostgreSQL detected in the engine's database (pg_stat_database)." },
+    Metric { name: DB_LOCK_TIMEOUTS_TOTAL, kind: Kind::Counter, help: "Order transactions aborted by `database.lock_timeout_ms` (SQLSTATE 55P03)." },
+    Metric { name: DB_LOCK_WAIT_MAX_SECONDS, kind: Kind::Gauge, help: "How long the longest lock wait in the engine's database has lasted so far (0 when none waits)." },
+    Metric { name: DB_LOCK_WAITING_SESSIONS, kind: Kind::Gauge, help: "Sessions of the engine's database waiting for a lock right now." },
+    Metric { name: DB_WAL_BYTES, kind: Kind::Gauge, help: "The server's WAL position in bytes (its rate is the WAL written per second)." },
+    Metric { name: REDIS_DRIFT_UNITS, kind: Kind::Gauge, help: "PostgreSQL's available units minus Redis stock minus Redis reservations PostgreSQL has not seen, by `activity`, `sku`, from the reconciler's pass (only while the sale is live)." },
+    Metric { name: STANDBY_REPLAY_LAG_BYTES, kind: Kind::Gauge, help: "WAL a standby has been sent but not replayed, by `standby` (pg_stat_replication)." },
+    Metric { name: STANDBY_REPLAY_LAG_SECONDS, kind: Kind::Gauge, help: "A standby's replay lag, by `standby` (pg_stat_replication)." },
+    Metric { name: TABLE_DEAD_TUPLES, kind: Kind::Gauge, help: "Dead row versions of a table of the engine's schema, by `table`." },
+    Metric { name: TABLE_LAST_VACUUM_AGE_SECONDS, kind: Kind::Gauge, help: "Time since a table was last vacuumed (by hand or autovacuum), by `table`; absent for a table never vacuumed." },
 ];
 
 #[cfg(test)]

@@ -483,7 +483,7 @@ impl Serve {
     }
 
     /// Sends SIGTERM and returns the exit status and everything it logged.
-    async fn terminate(self) -> (std::process::ExitStatus, String) {
+    pub(crate) async fn terminate(self) -> (std::process::ExitStatus, String) {
         self.signal();
         self.wait().await
     }

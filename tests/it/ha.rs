@@ -25,7 +25,7 @@ fn repo() -> PathBuf {
 }
 
 /// A primary and two standbys of the test's own, stopped and removed when dropped.
-struct HaCluster {
+pub(crate) struct HaCluster {
     dir: PathBuf,
     ports: [u16; 3],
 }
@@ -33,7 +33,7 @@ struct HaCluster {
 impl HaCluster {
     /// `sync`: a synchronous quorum of one (the HA profile); otherwise asynchronous
     /// standbys.
-    async fn start(sync: bool) -> HaCluster {
+    pub(crate) async fn start(sync: bool) -> HaCluster {
         let dir = std::env::temp_dir().join(format!("seckill-ha-{}", Uuid::new_v4().simple()));
         std::fs::create_dir_all(&dir).expect("cluster dir");
         let ports = [free_port(), free_port(), free_port()];
@@ -106,7 +106,7 @@ impl Drop for HaCluster {
 }
 
 /// A test environment whose database lives on the cluster (migrated there).
-async fn ha_env(
+pub(crate) async fn ha_env(
     cluster: &HaCluster,
     overrides: impl FnOnce(figment::Figment) -> figment::Figment,
 ) -> TestEnv {
@@ -119,7 +119,7 @@ async fn ha_env(
 }
 
 /// A client on the current primary, or `None` while there is none.
-async fn primary_client(env: &TestEnv) -> Option<Client> {
+pub(crate) async fn primary_client(env: &TestEnv) -> Option<Client> {
     let config = store::pg_config(&env.settings.database).ok()?;
     store::connect(&config).await.ok()
 }

@@ -11,6 +11,7 @@ mod faults;
 mod frontstage;
 mod group_commit;
 mod ha;
+mod health;
 mod pipeline;
 mod pool;
 mod schema;
