@@ -441,6 +441,7 @@ fn record_commit_latency(msg: &OrderCreateMessage, committed_at: chrono::DateTim
     // Spelled out: tests/it/deploy.rs reads recorded names from the macro calls.
     metrics::histogram!(crate::telemetry::names::ORDER_COMMIT_LATENCY_SECONDS)
         .record(waited.as_secs_f64());
+    crate::telemetry::recent::record(waited);
 }
 
 fn log_failed(

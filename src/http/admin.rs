@@ -1,5 +1,6 @@
-//! The admin listener (`admin.addr`): liveness, readiness and Prometheus metrics, and
-//! the token-guarded operator API (`super::operations`), kept apart from the front
+//! The admin listener (`admin.addr`): liveness, readiness and Prometheus metrics, the
+//! live page of the sale and its `/status` (`super::live_page`), and the
+//! token-guarded operator API (`super::operations`), kept apart from the front
 //! stage so that probes, scrapes and operators never queue behind buyers.
 
 use std::sync::Arc;
@@ -55,6 +56,8 @@ pub async fn start(
             .app_data(web::JsonConfig::default().limit(4096))
             .route("/livez", web::get().to(livez))
             .route("/readyz", web::get().to(readyz))
+            .route("/", web::get().to(live_page))
+            .route("/status", web::get().to(status))
             .route("/metrics", web::get().to(metrics))
             .configure(super::operations::routes)
     })
@@ -70,18 +73,8 @@ pub async fn start(
     })
 }
 
-/// The process runs and its runtime answers.
-async fn livez() -> HttpResponse {
-    HttpResponse::Ok().json(json!({"status": "ok"}))
-}
-
-/// One shape for every part that reports readiness:
-/// `{"ready": bool, "node_id": N, "active_shards": [..], "checks": {"postgres":
-/// "ok"|reason, "rabbitmq": .., "redis": .., "frontstage": .. (when one runs in this
-/// process: its own Redis and broker links), "intake": .., "node_id": ..}}`. 200 when
-/// every check is "ok"; 503 otherwise (an operator pause included). Standing by for
-/// shards another instance is active on is ready.
-async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
+/// Every part that reports readiness, each "ok" or its reason; whether all are ok.
+async fn readiness_checks(admin: &Admin) -> (bool, serde_json::Map<String, serde_json::Value>) {
     const OK: &str = "ok";
     let mut checks = serde_json::Map::new();
     // The monitor's finding first: it knows a stalled COMMIT or a missing
@@ -142,6 +135,23 @@ async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
         }),
     );
     let ready = checks.values().all(|v| v == OK);
+    (ready, checks)
+}
+
+/// The process runs and its runtime answers.
+async fn livez() -> HttpResponse {
+    HttpResponse::Ok().json(json!({"status": "ok"}))
+}
+
+/// One shape for every part that reports readiness:
+/// `{"ready": bool, "node_id": N, "active_shards": [..], "checks": {"postgres":
+/// "ok"|reason, "rabbitmq": .., "redis": .., "frontstage": .. (when one runs in this
+/// process: its own Redis and broker links), "intake": .., "node_id": ..}}`. 200 when
+/// every check is "ok"; 503 otherwise (an operator pause included). Standing by for
+/// shards another instance is active on is ready.
+async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
+    let (ready, checks) = readiness_checks(&admin).await;
+    let node_id = admin.readiness.node_id();
     metrics::gauge!(crate::telemetry::names::READY).set(if ready { 1.0 } else { 0.0 });
     let body = json!({
         "ready": ready,
@@ -173,5 +183,86 @@ async fn metrics(admin: web::Data<Admin>, req: actix_web::HttpRequest) -> HttpRe
                 .body(text)
         }
         None => HttpResponse::ServiceUnavailable().body("metrics recorder not installed"),
+    }
+}
+
+/// The live page; its numbers only when `/status` would answer this request.
+async fn live_page(admin: web::Data<Admin>, req: actix_web::HttpRequest) -> HttpResponse {
+    let allowed = admin
+        .metrics_token
+        .as_ref()
+        .is_none_or(|token| super::operations::bearer_is(&req, token));
+    let status = if allowed {
+        Some(collect_status(&admin).await)
+    } else {
+        None
+    };
+    HttpResponse::Ok()
+        .content_type("text/html; charset=utf-8")
+        .insert_header((actix_web::http::header::CACHE_CONTROL, "no-store"))
+        .body(super::live_page::page(status.as_ref()))
+}
+
+/// What the live page polls (behind `admin.metrics_token` when it is set).
+async fn status(admin: web::Data<Admin>, req: actix_web::HttpRequest) -> HttpResponse {
+    if let Some(token) = &admin.metrics_token {
+        if !super::operations::bearer_is(&req, token) {
+            return HttpResponse::Unauthorized()
+                .insert_header((actix_web::http::header::WWW_AUTHENTICATE, "Bearer"))
+                .json(json!({"error": "missing or wrong bearer token (admin.metrics_token)"}));
+        }
+    }
+    HttpResponse::Ok()
+        .insert_header((actix_web::http::header::CACHE_CONTROL, "no-store"))
+        .json(collect_status(&admin).await)
+}
+
+async fn collect_status(admin: &Admin) -> super::live_page::Status {
+    use super::live_page::{DeadLetters, Latency, Status};
+    let (ready, checks) = readiness_checks(admin).await;
+    let mut errors = Vec::new();
+    let (sales, backlog) = match admin.pool.get().await {
+        Ok(conn) => {
+            let sales = match crate::store::health::live_buckets(&conn.client).await {
+                Ok(buckets) => super::live_page::sales(buckets),
+                Err(e) => {
+                    errors.push(format!("live sales: {e}"));
+                    Vec::new()
+                }
+            };
+            drop(conn);
+            let backlog = match crate::store::ops::backlog(&admin.pool).await {
+                Ok(b) => Some(b),
+                Err(e) => {
+                    errors.push(format!("backlog: {e}"));
+                    None
+                }
+            };
+            (sales, backlog)
+        }
+        Err(e) => {
+            errors.push(format!("PostgreSQL: {e}"));
+            (Vec::new(), None)
+        }
+    };
+    Status {
+        time_ms: chrono::Utc::now().timestamp_millis(),
+        ready,
+        checks,
+        paused: admin.readiness.is_paused(),
+        node_id: admin.readiness.node_id(),
+        in_flight: admin.intakes.in_flight(),
+        latency: crate::telemetry::recent::summary().map(|(orders, p50, p99)| Latency {
+            orders,
+            p50_ms: p50 * 1000.0,
+            p99_ms: p99 * 1000.0,
+        }),
+        backlog,
+        dead_letters: crate::services::gauges::dead_letter_depths()
+            .into_iter()
+            .map(|(queue, messages)| DeadLetters { queue, messages })
+            .collect(),
+        sales,
+        errors,
     }
 }

@@ -1,10 +1,12 @@
 //! HTTP: the front stage (reservations and status queries) on `http.addr`, and the
-//! admin endpoints (liveness, readiness, metrics, operator API) on `admin.addr`.
+//! admin endpoints (liveness, readiness, metrics, operator API, the live page) on
+//! `admin.addr`.
 
 pub mod admin;
 pub mod auth;
 pub mod front;
 pub mod limits;
+pub mod live_page;
 pub mod operations;
 
 use std::net::SocketAddr;

@@ -21,6 +21,18 @@ use crate::store::{health, invariants, ops, Pool};
 use crate::telemetry::names;
 use crate::telemetry::sampled::{self, Series};
 
+/// The dead-letter queues' depths the sampler read last (for the live page).
+static DEAD_LETTER_DEPTHS: std::sync::Mutex<Vec<(String, u32)>> = std::sync::Mutex::new(Vec::new());
+
+/// Each dead-letter queue and its depth, as last sampled (empty before the first
+/// sample).
+pub fn dead_letter_depths() -> Vec<(String, u32)> {
+    DEAD_LETTER_DEPTHS
+        .lock()
+        .map(|d| d.clone())
+        .unwrap_or_default()
+}
+
 pub struct GaugeSampler {
     inner: Rc<Inner>,
 }
@@ -199,12 +211,14 @@ impl Inner {
             }
         };
         let _keep_alive = connection;
+        let mut depths = Vec::with_capacity(self.dead_queues.len());
         for queue in &self.dead_queues {
             let declared = crate::mq::queue_counts(&channel, queue).await;
             match declared {
                 Ok(counts) => {
                     metrics::gauge!(crate::telemetry::names::DLQ_MESSAGES, "queue" => queue.clone())
-                        .set(f64::from(counts.messages))
+                        .set(f64::from(counts.messages));
+                    depths.push((queue.clone(), counts.messages));
                 }
                 Err(e) => {
                     // A failed passive declare closes the channel; open a new one next run.
@@ -212,6 +226,9 @@ impl Inner {
                     return Err(e.into());
                 }
             }
+        }
+        if let Ok(mut last) = DEAD_LETTER_DEPTHS.lock() {
+            *last = depths;
         }
         Ok(())
     }

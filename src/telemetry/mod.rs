@@ -3,6 +3,7 @@
 //! the gauges whose series come and go with the data.
 
 pub mod names;
+pub mod recent;
 pub mod sampled;
 pub mod trace;
 

@@ -12,6 +12,7 @@ mod frontstage;
 mod group_commit;
 mod ha;
 mod health;
+mod live_page;
 mod pipeline;
 mod pool;
 mod schema;
