@@ -36,6 +36,8 @@ use seckill_engine::store::activity::{create_activity, ActivitySpec};
 use seckill_engine::store::invariants::run_checks;
 use seckill_engine::store::{self, migrate};
 
+use crate::http_client::HttpClient;
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum, Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Mode {
@@ -433,20 +435,10 @@ fn kind_labels(kind: &str) -> String {
 
 /// The engine's metrics page.
 async fn scrape(url: &str) -> anyhow::Result<String> {
-    let client = awc::Client::builder()
-        .timeout(Duration::from_secs(5))
-        .finish();
-    let mut res = client
-        .get(url)
-        .send()
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    let body = res
-        .body()
-        .limit(16 << 20)
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    Ok(String::from_utf8_lossy(&body).into_owned())
+    let res = HttpClient::new(Duration::from_secs(5))
+        .get(url, &[])
+        .await?;
+    Ok(String::from_utf8_lossy(&res.body).into_owned())
 }
 
 /// The cumulative buckets (upper bound in seconds, count) of one histogram of a
@@ -682,10 +674,7 @@ async fn prepare_http(
         d.dedup();
         d
     };
-    let client = awc::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .connector(awc::Connector::new().limit(args.concurrency))
-        .finish();
+    let client = HttpClient::new(Duration::from_secs(30));
     let token_url = format!("{base}/v1/activities/{activity_id}/skus/1/purchase-token");
     let bar = ProgressBar::new(distinct.len() as u64);
     bar.set_style(bar_style("signing in"));
@@ -701,14 +690,12 @@ async fn prepare_http(
                         Duration::from_secs(3600)
                     )?
                 );
-                let mut res = client
-                    .get(token_url.as_str())
-                    .insert_header(("Authorization", bearer.clone()))
-                    .send()
+                let res = client
+                    .get(token_url, &[("Authorization", bearer.as_str())])
                     .await
                     .map_err(|e| anyhow::anyhow!("purchase token for user {user}: {e}"))?;
-                let status = res.status().as_u16();
-                let body: serde_json::Value = res.json().await.unwrap_or_default();
+                let status = res.status;
+                let body = res.json();
                 bar.inc(1);
                 let purchase = match status {
                     200 => Some(
@@ -746,10 +733,7 @@ async fn drive_http(
     } = buyers;
     let bar = ProgressBar::new(users.len() as u64);
     bar.set_style(bar_style("buyers"));
-    let client = awc::Client::builder()
-        .timeout(Duration::from_secs(30))
-        .connector(awc::Connector::new().limit(args.concurrency))
-        .finish();
+    let client = HttpClient::new(Duration::from_secs(30));
     let statuses: Vec<String> = stream::iter(users)
         .map(|user| {
             let (client, url, bar, credentials) = (&client, &url, &bar, &credentials);
@@ -759,19 +743,14 @@ async fn drive_http(
                     bar.inc(1);
                     return "error: a buyer without credentials".to_owned();
                 };
-                let mut request = client
-                    .post(url.as_str())
-                    .insert_header(("Authorization", bearer.as_str()));
+                let mut headers = vec![("Authorization", bearer.as_str())];
                 if let Some(purchase) = purchase {
-                    request = request.insert_header(("X-Purchase-Token", purchase.as_str()));
+                    headers.push(("X-Purchase-Token", purchase.as_str()));
                 }
-                let request = request.send_json(&body);
-                let label = match request.await {
-                    Ok(mut res) => {
-                        let status = res.status().as_u16();
-                        let json: serde_json::Value =
-                            res.json().await.unwrap_or(serde_json::Value::Null);
-                        format!("{status} {}", json["status"].as_str().unwrap_or(""))
+                let label = match client.post_json(url, &headers, &body).await {
+                    Ok(res) => {
+                        let json = res.json();
+                        format!("{} {}", res.status, json["status"].as_str().unwrap_or(""))
                     }
                     Err(e) => format!("error {e}"),
                 };

@@ -5,6 +5,7 @@
 
 mod bench;
 mod cpu;
+mod http_client;
 mod stalls;
 
 use std::path::PathBuf;
@@ -38,7 +39,6 @@ fn main() -> ExitCode {
         }
     };
     seckill_engine::telemetry::init(&settings.telemetry);
-    // The HTTP client (awc) runs on actix's runtime.
     match actix_rt::System::new().block_on(bench::run(&settings, cli.args)) {
         Ok(report) if report.passed => ExitCode::SUCCESS,
         Ok(_) => ExitCode::FAILURE,
