@@ -524,3 +524,29 @@ fn docs_are_short_self_contained_and_free_of_journal_labels() {
         "links outside the repository: {outside:?}"
     );
 }
+
+/// An advisory is ignored only with a reason and a date it expires, and not past it.
+#[test]
+fn every_ignored_advisory_has_a_reason_and_has_not_expired() {
+    let deny = std::fs::read_to_string(root().join("deny.toml")).unwrap();
+    let today = chrono::Utc::now().date_naive();
+    let mut ignores = 0;
+    for line in deny.lines().filter(|l| l.trim_start().starts_with("{ id = ")) {
+        ignores += 1;
+        assert!(line.contains("reason = "), "no reason: {line}");
+        let expires = line
+            .split("Expires ")
+            .nth(1)
+            .and_then(|rest| rest.get(..10))
+            .and_then(|d| chrono::NaiveDate::parse_from_str(d, "%Y-%m-%d").ok())
+            .unwrap_or_else(|| panic!("no \"Expires YYYY-MM-DD\" in: {line}"));
+        assert!(
+            expires >= today,
+            "an ignored advisory expired on {expires}: look again: {line}"
+        );
+    }
+    assert!(
+        !deny.contains("ignore = [") || ignores > 0 || deny.contains("ignore = []"),
+        "ignore entries must each be one line `{{ id = ..., reason = ... }}`"
+    );
+}
