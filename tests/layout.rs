@@ -531,7 +531,10 @@ fn every_ignored_advisory_has_a_reason_and_has_not_expired() {
     let deny = std::fs::read_to_string(root().join("deny.toml")).unwrap();
     let today = chrono::Utc::now().date_naive();
     let mut ignores = 0;
-    for line in deny.lines().filter(|l| l.trim_start().starts_with("{ id = ")) {
+    for line in deny
+        .lines()
+        .filter(|l| l.trim_start().starts_with("{ id = "))
+    {
         ignores += 1;
         assert!(line.contains("reason = "), "no reason: {line}");
         let expires = line
