@@ -663,12 +663,8 @@ async fn redis_drift(
     let mut redis = crate::redis::connect(&settings.redis)
         .await
         .context("connecting to Redis")?;
-    Ok(crate::services::drift::measure(
-        client,
-        &mut redis,
-        &settings.redis.key_prefix,
-        activity,
-        |_, _| true,
+    Ok(
+        crate::services::drift::measure(client, &mut redis, &settings.redis.key_prefix, activity)
+            .await?,
     )
-    .await?)
 }

@@ -31,19 +31,16 @@ pub struct BucketDrift {
     pub drift: i64,
 }
 
-/// Measures every bucket of `activity` (all activities when `None`) whose SKU
-/// `keep` accepts.
+/// Measures every bucket of `activity` (all activities when `None`).
 pub async fn measure(
     client: &Client,
     redis: &mut ::redis::aio::MultiplexedConnection,
     key_prefix: &str,
     activity: Option<i64>,
-    keep: impl Fn(i64, i64) -> bool,
 ) -> Result<Vec<BucketDrift>, ServiceError> {
     let buckets: Vec<(i64, i64, i16)> = reconcile::buckets_available(client, activity)
         .await?
         .into_iter()
-        .filter(|b| keep(b.activity_id, b.sku_id))
         .map(|b| (b.activity_id, b.sku_id, b.bucket))
         .collect();
     let skus: BTreeSet<(i64, i64)> = buckets.iter().map(|&(a, s, _)| (a, s)).collect();

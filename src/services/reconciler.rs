@@ -124,19 +124,20 @@ impl Service for Reconciler {
             }
             metrics::counter!(crate::telemetry::names::RECONCILER_GIVEN_BACK_TOTAL)
                 .increment(given_back);
-            let live: std::collections::HashSet<i64> =
-                crate::store::health::live_activities(&conn.client)
-                    .await?
-                    .into_iter()
-                    .collect();
-            let drift = super::drift::measure(
-                &conn.client,
-                &mut redis,
-                &inner.redis.key_prefix,
-                None,
-                |activity, _| live.contains(&activity),
-            )
-            .await?;
+            // Only the live sales' buckets: measuring every activity ever held
+            // would read the whole inventory table on every pass.
+            let mut drift = Vec::new();
+            for activity in crate::store::health::live_activities(&conn.client).await? {
+                drift.extend(
+                    super::drift::measure(
+                        &conn.client,
+                        &mut redis,
+                        &inner.redis.key_prefix,
+                        Some(activity),
+                    )
+                    .await?,
+                );
+            }
             crate::telemetry::sampled::replace(
                 crate::telemetry::names::REDIS_DRIFT_UNITS,
                 super::drift::per_sku(&drift)

@@ -117,15 +117,7 @@ pub async fn diagnose(client: &mut Client) -> Result<Diagnosis, tokio_postgres::
         .query(TABLES, &[])
         .await?
         .iter()
-        .map(|r| TableHealth {
-            table: r.get(0),
-            live_rows: r.get(1),
-            dead_rows: r.get(2),
-            updates: r.get(3),
-            hot_updates: r.get(4),
-            last_vacuum: r.get(5),
-            last_analyze: r.get(6),
-        })
+        .map(table_health)
         .collect();
     let in_recovery: bool = tx
         .query_one("SELECT pg_is_in_recovery()", &[])
@@ -134,19 +126,7 @@ pub async fn diagnose(client: &mut Client) -> Result<Diagnosis, tokio_postgres::
     let standbys = if in_recovery {
         None
     } else {
-        Some(
-            tx.query(STANDBYS, &[])
-                .await?
-                .iter()
-                .map(|r| Standby {
-                    name: r.get(0),
-                    state: r.get(1),
-                    sync_state: r.get(2),
-                    replay_lag_seconds: r.get(3),
-                    replay_bytes_behind: r.get(4),
-                })
-                .collect(),
-        )
+        Some(tx.query(STANDBYS, &[]).await?.iter().map(standby).collect())
     };
     tx.commit().await?;
     Ok(Diagnosis {
@@ -155,6 +135,30 @@ pub async fn diagnose(client: &mut Client) -> Result<Diagnosis, tokio_postgres::
         tables,
         standbys,
     })
+}
+
+/// A row of `TABLES`.
+pub(super) fn table_health(r: &tokio_postgres::Row) -> TableHealth {
+    TableHealth {
+        table: r.get(0),
+        live_rows: r.get(1),
+        dead_rows: r.get(2),
+        updates: r.get(3),
+        hot_updates: r.get(4),
+        last_vacuum: r.get(5),
+        last_analyze: r.get(6),
+    }
+}
+
+/// A row of `STANDBYS`.
+pub(super) fn standby(r: &tokio_postgres::Row) -> Standby {
+    Standby {
+        name: r.get(0),
+        state: r.get(1),
+        sync_state: r.get(2),
+        replay_lag_seconds: r.get(3),
+        replay_bytes_behind: r.get(4),
+    }
 }
 
 /// Sessions of this database with an open transaction, oldest first (not this one).

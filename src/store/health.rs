@@ -5,7 +5,7 @@
 
 use tokio_postgres::Client;
 
-use super::diagnose::{Standby, TableHealth, STANDBYS, TABLES};
+use super::diagnose::{standby, table_health, Standby, TableHealth, STANDBYS, TABLES};
 use crate::domain::status::ActivityStatus;
 
 /// One bucket of a live sale.
@@ -87,15 +87,7 @@ pub async fn tables(client: &Client) -> Result<Vec<TableHealth>, tokio_postgres:
         .query(TABLES, &[])
         .await?
         .iter()
-        .map(|r| TableHealth {
-            table: r.get(0),
-            live_rows: r.get(1),
-            dead_rows: r.get(2),
-            updates: r.get(3),
-            hot_updates: r.get(4),
-            last_vacuum: r.get(5),
-            last_analyze: r.get(6),
-        })
+        .map(table_health)
         .collect())
 }
 
@@ -105,13 +97,7 @@ pub async fn standbys(client: &Client) -> Result<Vec<Standby>, tokio_postgres::E
         .query(STANDBYS, &[])
         .await?
         .iter()
-        .map(|r| Standby {
-            name: r.get(0),
-            state: r.get(1),
-            sync_state: r.get(2),
-            replay_lag_seconds: r.get(3),
-            replay_bytes_behind: r.get(4),
-        })
+        .map(standby)
         .collect())
 }
 

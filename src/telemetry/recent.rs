@@ -2,9 +2,11 @@
 //! Prometheus histogram counts since the start, which a page cannot turn into "now"
 //! without a Prometheus. Two windows of `WINDOW` each, the current and the last one;
 //! a quantile reads both, so it covers between one and two windows. Recorded once
-//! per order, beside `seckill_order_commit_latency_seconds`.
+//! per order, beside `seckill_order_commit_latency_seconds`, with atomic adds only:
+//! it is on the order path of every lane.
 
-use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// Bucket upper bounds in seconds (the last one catches everything above).
@@ -33,58 +35,89 @@ const BOUNDS: &[f64] = &[
     30.0,
     f64::INFINITY,
 ];
+const BUCKETS: usize = 23;
+const _: () = assert!(BOUNDS.len() == BUCKETS);
 const WINDOW: Duration = Duration::from_secs(5);
 
+/// Window `n` (counted from `origin`) lives in slot `n % 2`; a slot still holding an
+/// older window is cleared by the first recorder that finds it so. A record racing
+/// that clear may be lost or counted in the wrong window: a figure for a page, not
+/// an account.
 struct Windows {
-    started: Instant,
-    current: Vec<u64>,
-    last: Vec<u64>,
+    origin: Instant,
+    window: [AtomicU64; 2],
+    counts: [[AtomicU64; BUCKETS]; 2],
 }
 
 impl Windows {
-    fn roll(&mut self, now: Instant) {
-        let age = now.saturating_duration_since(self.started);
-        if age >= WINDOW * 2 {
-            self.last.iter_mut().for_each(|c| *c = 0);
-            self.current.iter_mut().for_each(|c| *c = 0);
-            self.started = now;
-        } else if age >= WINDOW {
-            std::mem::swap(&mut self.last, &mut self.current);
-            self.current.iter_mut().for_each(|c| *c = 0);
-            self.started += WINDOW;
+    fn new(origin: Instant) -> Self {
+        Self {
+            origin,
+            window: [AtomicU64::new(0), AtomicU64::new(u64::MAX)],
+            counts: std::array::from_fn(|_| std::array::from_fn(|_| AtomicU64::new(0))),
         }
+    }
+
+    fn number(&self, now: Instant) -> u64 {
+        (now.saturating_duration_since(self.origin).as_millis() / WINDOW.as_millis()) as u64
+    }
+
+    /// The slot of window `n`, cleared first if it held an older one.
+    fn slot(&self, n: u64) -> usize {
+        let slot = (n % 2) as usize;
+        let held = self.window[slot].load(Ordering::Acquire);
+        if held != n
+            && self.window[slot]
+                .compare_exchange(held, n, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            for count in &self.counts[slot] {
+                count.store(0, Ordering::Relaxed);
+            }
+        }
+        slot
+    }
+
+    fn record(&self, now: Instant, secs: f64) {
+        let bucket = BOUNDS
+            .iter()
+            .position(|b| secs <= *b)
+            .unwrap_or(BUCKETS - 1);
+        let slot = self.slot(self.number(now));
+        self.counts[slot][bucket].fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// Counts of the current window and the one before it, if that is the last.
+    fn counts(&self, now: Instant) -> [u64; BUCKETS] {
+        let n = self.number(now);
+        let mut sum = [0; BUCKETS];
+        for (slot, window) in self.window.iter().enumerate() {
+            let held = window.load(Ordering::Acquire);
+            if held == n || (n > 0 && held == n - 1) {
+                for (total, count) in sum.iter_mut().zip(&self.counts[slot]) {
+                    *total += count.load(Ordering::Relaxed);
+                }
+            }
+        }
+        sum
     }
 }
 
-static RECENT: Mutex<Option<Windows>> = Mutex::new(None);
+static RECENT: OnceLock<Windows> = OnceLock::new();
 
-fn with<T>(f: impl FnOnce(&mut Windows) -> T) -> Option<T> {
-    let mut guard = RECENT.lock().ok()?;
-    let now = Instant::now();
-    let windows = guard.get_or_insert_with(|| Windows {
-        started: now,
-        current: vec![0; BOUNDS.len()],
-        last: vec![0; BOUNDS.len()],
-    });
-    windows.roll(now);
-    Some(f(windows))
+fn windows() -> &'static Windows {
+    RECENT.get_or_init(|| Windows::new(Instant::now()))
 }
 
 /// Records one order's latency.
 pub fn record(latency: Duration) {
-    let secs = latency.as_secs_f64();
-    let bucket = BOUNDS
-        .iter()
-        .position(|b| secs <= *b)
-        .unwrap_or(BOUNDS.len() - 1);
-    with(|w| w.current[bucket] += 1);
+    windows().record(Instant::now(), latency.as_secs_f64());
 }
 
 /// Orders recorded in the last one to two windows, and the upper bounds (seconds)
 /// of the buckets holding their 50th and 99th percentiles; `None` without orders.
 pub fn summary() -> Option<(u64, f64, f64)> {
-    let counts: Vec<u64> = with(|w| w.current.iter().zip(&w.last).map(|(a, b)| a + b).collect())?;
-    quantiles(&counts)
+    quantiles(&windows().counts(Instant::now()))
 }
 
 fn quantiles(counts: &[u64]) -> Option<(u64, f64, f64)> {
@@ -126,14 +159,15 @@ mod tests {
     #[test]
     fn a_window_rolls_into_the_last_and_then_out() {
         let start = Instant::now();
-        let mut w = Windows {
-            started: start,
-            current: vec![1; BOUNDS.len()],
-            last: vec![0; BOUNDS.len()],
-        };
-        w.roll(start + WINDOW);
-        assert_eq!((w.current[0], w.last[0]), (0, 1));
-        w.roll(start + WINDOW * 4);
-        assert_eq!((w.current[0], w.last[0]), (0, 0));
+        let w = Windows::new(start);
+        w.record(start, 0.0005);
+        assert_eq!(w.counts(start)[0], 1);
+        // The next window still sees the last one...
+        w.record(start + WINDOW, 0.0005);
+        assert_eq!(w.counts(start + WINDOW)[0], 2);
+        // ...and one two windows on sees only its own.
+        w.record(start + WINDOW * 2, 0.0005);
+        assert_eq!(w.counts(start + WINDOW * 2)[0], 2);
+        assert_eq!(w.counts(start + WINDOW * 4)[0], 0);
     }
 }

@@ -34,15 +34,6 @@ pub fn replace(name: &'static str, series: Vec<Series>) {
     }
 }
 
-/// The current series of `name` (for tests and the status page).
-pub fn current(name: &str) -> Vec<Series> {
-    SERIES
-        .lock()
-        .ok()
-        .and_then(|all| all.get(name).cloned())
-        .unwrap_or_default()
-}
-
 /// Appends every gauge with at least one series, with its help and type lines.
 pub fn render(out: &mut String) {
     let Ok(all) = SERIES.lock() else {
