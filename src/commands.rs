@@ -119,6 +119,8 @@ pub struct CreateActivity {
 
 /// Runs a parsed command. Config errors and failed checks become a non-zero exit.
 pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
+    // Before any connection: every TLS client of the process uses this provider.
+    crate::tls::install_provider();
     let settings = match Settings::load(cli.config.as_deref()) {
         Ok(s) => s,
         Err(e) => {
@@ -216,7 +218,7 @@ async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
 }
 
 async fn migrate_cmd(settings: &Settings) -> anyhow::Result<ExitCode> {
-    let config = store::admin_pg_config(&settings.database)?;
+    let config = store::owner_pg_config(&settings.database)?;
     let report = migrate::migrate(&config).await.context("migrating")?;
     if report.database_created {
         println!(
@@ -373,7 +375,9 @@ async fn activity_close(settings: &Settings, activity_id: i64) -> anyhow::Result
 /// `maintain`: VACUUM (ANALYZE) after the sale of `activity_id`, one line per table.
 async fn maintain(settings: &Settings, activity_id: i64, force: bool) -> anyhow::Result<ExitCode> {
     use crate::store::maintain::{sale_state, vacuum_hot_tables, SaleState};
-    let config = store::pg_config(&settings.database)?;
+    // VACUUM needs the tables' owner.
+    let mut config = store::owner_pg_config(&settings.database)?;
+    config.options("-c search_path=seckill,public");
     let mut client = store::connect(&config)
         .await
         .context("connecting to PostgreSQL")?;

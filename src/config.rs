@@ -14,6 +14,8 @@ use figment::{Figment, Metadata, Profile, Provider};
 use secrecy::{ExposeSecret, SecretString};
 use serde::Deserialize;
 
+use crate::tls::{SslMode, TlsError, TlsFiles};
+
 /// The defaults, compiled into the binary.
 const DEFAULTS: &str = include_str!("../config/default.toml");
 /// Keys of earlier releases and the keys that replaced them: a configuration still
@@ -91,6 +93,10 @@ pub struct FrontstageSettings {
     pub auth: AuthSettings,
     pub rate_limit: RateLimitSettings,
     pub purchase_token: PurchaseTokenSettings,
+    /// The broker user the front stage publishes order messages as (write on the
+    /// order exchange only); unset: `amqp.url`. Uses `amqp.tls`.
+    #[serde(default)]
+    pub amqp_url: Option<SecretString>,
 }
 
 /// GCRA limits per user and per client address (`http::limits`); 0 turns one off.
@@ -226,6 +232,14 @@ pub struct DatabaseSettings {
     pub replica_url: Option<SecretString>,
     /// The replica serves while its measured lag is at most this.
     pub replica_max_lag_ms: u64,
+    /// The role that owns the schema, for `migrate` and the after-sale VACUUM;
+    /// unset: `url` (docs/OPERATIONS.md, "Roles").
+    #[serde(default)]
+    pub owner_url: Option<SecretString>,
+    /// CA and client certificate for every PostgreSQL URL (`sslmode` says whether
+    /// and how they are used).
+    #[serde(default)]
+    pub tls: TlsFiles,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -247,6 +261,9 @@ pub struct AmqpSettings {
     /// behind a network cut drops the packets, and TCP alone would keep trying for
     /// about two minutes.
     pub connect_timeout_ms: u64,
+    /// CA (added to the system's roots) and client certificate of `amqps://` URLs.
+    #[serde(default)]
+    pub tls: TlsFiles,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -254,6 +271,9 @@ pub struct AmqpSettings {
 pub struct RedisSettings {
     pub url: SecretString,
     pub key_prefix: String,
+    /// CA (instead of the system's roots) and client certificate of a `rediss://` URL.
+    #[serde(default)]
+    pub tls: TlsFiles,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -345,12 +365,23 @@ impl Settings {
             origin: origin(figment, key),
             reason,
         };
-        let pg: tokio_postgres::Config = self
-            .database
-            .url
-            .expose_secret()
-            .parse()
-            .map_err(|e| invalid("database.url", format!("not a PostgreSQL URL: {e}")))?;
+        let tls_invalid = |e: TlsError| ConfigError::Invalid {
+            origin: origin(figment, &e.key),
+            key: e.key,
+            reason: e.reason,
+        };
+        // Every PostgreSQL URL: libpq's sslmode read here (tokio-postgres knows only
+        // three of the five), and what it asks of `database.tls` checked now.
+        let postgres_url = |key: &'static str, url: &SecretString| {
+            let (rest, mode) = crate::tls::split_sslmode(url.expose_secret(), key)
+                .map_err(|reason| invalid(key, reason))?;
+            let pg: tokio_postgres::Config = rest
+                .parse()
+                .map_err(|e| invalid(key, format!("not a PostgreSQL URL: {e}")))?;
+            crate::tls::PgTls::new(mode, &self.database.tls, key).map_err(tls_invalid)?;
+            Ok::<_, ConfigError>((pg, mode))
+        };
+        let (pg, mode) = postgres_url("database.url", &self.database.url)?;
         if pg.get_dbname().is_none() {
             return Err(invalid("database.url", "names no database".into()));
         }
@@ -365,15 +396,22 @@ impl Settings {
                 format!("names {hosts} hosts but {ports} ports (give one port, or one per host)"),
             ));
         }
-        if let Some(url) = &self.database.replica_url {
-            let replica: tokio_postgres::Config = url.expose_secret().parse().map_err(|e| {
-                invalid("database.replica_url", format!("not a PostgreSQL URL: {e}"))
-            })?;
-            if replica.get_hosts().is_empty() || replica.get_dbname().is_none() {
-                return Err(invalid(
-                    "database.replica_url",
-                    "must name a host and a database".into(),
-                ));
+        if mode == SslMode::Disable && self.database.tls.is_set() {
+            return Err(invalid(
+                "database.tls",
+                "is set but database.url says sslmode=disable".into(),
+            ));
+        }
+        self.database.tls.check("database").map_err(tls_invalid)?;
+        for (key, url) in [
+            ("database.replica_url", &self.database.replica_url),
+            ("database.owner_url", &self.database.owner_url),
+        ] {
+            if let Some(url) = url {
+                let (other, _) = postgres_url(key, url)?;
+                if other.get_hosts().is_empty() || other.get_dbname().is_none() {
+                    return Err(invalid(key, "must name a host and a database".into()));
+                }
             }
         }
         if self.database.replica_max_lag_ms > 3_600_000 {
@@ -624,17 +662,31 @@ impl Settings {
                 "must be at least 1".into(),
             ));
         }
-        self.amqp
-            .url
-            .expose_secret()
-            .parse::<lapin::uri::AMQPUri>()
-            // The parser's message quotes the URL, password included: never shown.
-            .map_err(|_| {
-                invalid(
-                    "amqp.url",
-                    "not an AMQP URL (amqp://user:password@host:port/vhost); the value is not shown, it may hold a password".into(),
-                )
-            })?;
+        let mut amqps = false;
+        for (key, url) in [
+            ("amqp.url", Some(&self.amqp.url)),
+            ("frontstage.amqp_url", self.frontstage.amqp_url.as_ref()),
+        ] {
+            let Some(url) = url else { continue };
+            let uri = url
+                .expose_secret()
+                .parse::<lapin::uri::AMQPUri>()
+                // The parser's message quotes the URL, password included: never shown.
+                .map_err(|_| {
+                    invalid(
+                        key,
+                        "not an AMQP URL (amqp://user:password@host:port/vhost); the value is not shown, it may hold a password".into(),
+                    )
+                })?;
+            amqps |= uri.scheme == lapin::uri::AMQPScheme::AMQPS;
+        }
+        if self.amqp.tls.is_set() && !amqps {
+            return Err(invalid(
+                "amqp.tls",
+                "is set but no AMQP URL is amqps://".into(),
+            ));
+        }
+        self.amqp.tls.check("amqp").map_err(tls_invalid)?;
         if !(100..=60_000).contains(&self.amqp.connect_timeout_ms) {
             return Err(invalid(
                 "amqp.connect_timeout_ms",
@@ -676,8 +728,26 @@ impl Settings {
                 "must be 1-128 characters".into(),
             ));
         }
-        redis::Client::open(self.redis.url.expose_secret())
-            .map_err(|e| invalid("redis.url", format!("not a Redis URL: {e}")))?;
+        let redis_url =
+            redis::IntoConnectionInfo::into_connection_info(self.redis.url.expose_secret())
+                .map_err(|e| invalid("redis.url", format!("not a Redis URL: {e}")))?;
+        match redis_url.addr() {
+            redis::ConnectionAddr::TcpTls { insecure: true, .. } => {
+                return Err(invalid(
+                    "redis.url",
+                    "asks for #insecure (no certificate check), which this build refuses; set redis.tls.ca_file instead".into(),
+                ))
+            }
+            redis::ConnectionAddr::TcpTls { .. } => {}
+            _ if self.redis.tls.is_set() => {
+                return Err(invalid(
+                    "redis.tls",
+                    "is set but redis.url is not rediss://".into(),
+                ))
+            }
+            _ => {}
+        }
+        self.redis.tls.check("redis").map_err(tls_invalid)?;
         if !is_name(&self.redis.key_prefix) {
             return Err(invalid(
                 "redis.key_prefix",

@@ -105,7 +105,15 @@ impl Engine {
         let lanes = Lanes::start(lanes::threads(settings.engine.pipeline_threads)).await;
         let pool = build_pool_on(&settings.database, lanes.runtimes())?;
         let postgres_problem = {
-            let mut conn = pool.get().await?;
+            // A server that refuses every connection (a certificate the CA did not
+            // sign, a wrong password) shows as a pool timeout: say why instead.
+            let mut conn = pool
+                .get()
+                .await
+                .map_err(|e| match (e, pool.connect_error()) {
+                    (StoreError::PoolTimeout, Some(why)) => StoreError::NotOpened(why),
+                    (e, _) => e,
+                })?;
             migrate::verify(&mut conn.client).await?;
             let ours = ShardLayout {
                 shard_function: SHARD_FUNCTION_VERSION,

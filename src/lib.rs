@@ -14,3 +14,4 @@ pub mod services;
 pub mod status;
 pub mod store;
 pub mod telemetry;
+pub mod tls;

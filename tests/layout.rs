@@ -525,6 +525,53 @@ fn docs_are_short_self_contained_and_free_of_journal_labels() {
     );
 }
 
+/// One TLS stack and one crypto provider (docs/DESIGN.md, "Transport security"):
+/// rustls on aws-lc-rs, never a second provider or another TLS library beside it.
+#[test]
+fn one_tls_stack_and_one_crypto_provider() {
+    // What is built, on any target, tools and tests included (the lock file also
+    // lists optional dependencies no build enables).
+    let out = std::process::Command::new(env!("CARGO"))
+        .current_dir(root())
+        .args([
+            "tree",
+            "--workspace",
+            "--all-features",
+            "--target",
+            "all",
+            "--edges",
+            "normal,build,dev",
+        ])
+        .args(["--prefix", "none", "--format", "{p}", "--offline"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let tree = String::from_utf8(out.stdout).unwrap();
+    let packages: BTreeSet<&str> = tree.lines().filter_map(|l| l.split(' ').next()).collect();
+    for present in ["rustls", "aws-lc-rs"] {
+        assert!(packages.contains(present), "{present} is not built");
+    }
+    let others: Vec<_> = [
+        "ring",
+        "openssl",
+        "openssl-sys",
+        "native-tls",
+        "boring",
+        "aws-lc-fips-sys",
+    ]
+    .into_iter()
+    .filter(|p| packages.contains(p))
+    .collect();
+    assert!(
+        others.is_empty(),
+        "a second TLS stack or crypto provider: {others:?}"
+    );
+}
+
 /// An advisory is ignored only with a reason and a date it expires, and not past it.
 #[test]
 fn every_ignored_advisory_has_a_reason_and_has_not_expired() {

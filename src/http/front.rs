@@ -36,6 +36,15 @@ use crate::status::Readiness;
 use crate::store::Pool;
 use crate::store::{reads, reconcile};
 
+/// The key of the URL the front stage publishes through.
+fn amqp_key(front: &crate::config::FrontstageSettings) -> &'static str {
+    if front.amqp_url.is_some() {
+        "frontstage.amqp_url"
+    } else {
+        "amqp.url"
+    }
+}
+
 /// What the handlers share.
 pub struct FrontStage {
     pool: Pool,
@@ -166,13 +175,24 @@ impl FrontStage {
             lag_ms: AtomicI64::new(i64::MAX),
         });
         let redis = crate::redis::connect_managed(&settings.redis).await?;
-        let amqp = crate::mq::connect(&settings.amqp, "seckill-frontstage").await?;
+        // Its own broker user when one is configured: write on the order exchange only.
+        let mut amqp_settings = settings.amqp.clone();
+        if let Some(url) = &settings.frontstage.amqp_url {
+            amqp_settings.url = url.clone();
+        }
+        let amqp = crate::mq::connect_to(
+            &amqp_settings,
+            &amqp_settings.url,
+            amqp_key(&settings.frontstage),
+            "seckill-frontstage",
+        )
+        .await?;
         let publisher = ConfirmedPublisher::open(&amqp).await?;
         Ok(Self {
             pool,
             redis,
             key_prefix: settings.redis.key_prefix.clone(),
-            amqp: settings.amqp.clone(),
+            amqp: amqp_settings,
             publisher: tokio::sync::RwLock::new((amqp, publisher)),
             names: Names::new(&settings.amqp.namespace),
             shards: settings.amqp.shards,
@@ -272,7 +292,13 @@ impl FrontStage {
             return Ok(current.1.clone());
         }
         if !current.0.status().connected() {
-            current.0 = crate::mq::connect(&self.amqp, "seckill-frontstage").await?;
+            current.0 = crate::mq::connect_to(
+                &self.amqp,
+                &self.amqp.url,
+                amqp_key(&self.settings),
+                "seckill-frontstage",
+            )
+            .await?;
         }
         current.1 = ConfirmedPublisher::open(&current.0).await?;
         Ok(current.1.clone())

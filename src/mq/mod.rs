@@ -16,8 +16,12 @@ use crate::config::AmqpSettings;
 pub enum MqError {
     #[error("amqp: {0}")]
     Amqp(#[from] lapin::Error),
-    #[error("amqp.url is not an AMQP URL (the value is not shown: it may hold a password)")]
-    BadUrl,
+    #[error("{0} is not an AMQP URL (the value is not shown: it may hold a password)")]
+    BadUrl(&'static str),
+    #[error("TLS with the broker failed ({0} is amqps://): {1}")]
+    Tls(&'static str, lapin::Error),
+    #[error("`{0}`: {1}")]
+    TlsFiles(String, String),
     #[error("no AMQP connection within amqp.connect_timeout_ms = {0}")]
     ConnectTimeout(u64),
     #[error("the broker refused the message (nack)")]
@@ -54,24 +58,74 @@ fn is_404(e: &lapin::Error) -> bool {
     matches!(e.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 404)
 }
 
-/// Opens a connection with `amqp.heartbeat_secs` unless the URL sets its own, within
-/// `amqp.connect_timeout_ms`. The URL is never logged nor put in an error (it
-/// carries credentials).
+/// Opens a connection to `amqp.url` with `amqp.heartbeat_secs` unless the URL sets
+/// its own, within `amqp.connect_timeout_ms`; `amqps://` goes through rustls with
+/// `amqp.tls`. The URL is never logged nor put in an error (it carries credentials).
 pub async fn connect(settings: &AmqpSettings, name: &str) -> Result<Connection, MqError> {
-    let mut uri: lapin::uri::AMQPUri = settings
-        .url
+    connect_to(settings, &settings.url, "amqp.url", name).await
+}
+
+/// `connect` to another URL of the same broker (`frontstage.amqp_url`), read from
+/// the configuration key `key`.
+pub async fn connect_to(
+    settings: &AmqpSettings,
+    url: &secrecy::SecretString,
+    key: &'static str,
+    name: &str,
+) -> Result<Connection, MqError> {
+    let mut uri: lapin::uri::AMQPUri = url
         .expose_secret()
         .parse()
-        .map_err(|_| MqError::BadUrl)?;
+        .map_err(|_| MqError::BadUrl(key))?;
     if uri.query.heartbeat.is_none() {
         uri.query.heartbeat = Some(settings.heartbeat_secs);
     }
+    let tls = uri.scheme == lapin::uri::AMQPScheme::AMQPS;
+    let config = if tls {
+        crate::tls::install_provider();
+        tls_config(&settings.tls)?
+    } else {
+        lapin::tcp::OwnedTLSConfig::default()
+    };
     let props = ConnectionProperties::default().with_connection_name(name.into());
     let limit = std::time::Duration::from_millis(settings.connect_timeout_ms);
-    match tokio::time::timeout(limit, Connection::connect_uri(uri, props)).await {
-        Ok(connection) => Ok(connection?),
+    let runtime = lapin::runtime::default_runtime()?;
+    match tokio::time::timeout(
+        limit,
+        Connection::connect_uri_with_config(uri, props, config, runtime),
+    )
+    .await
+    {
+        Ok(Ok(connection)) => Ok(connection),
+        // A TLS failure (a certificate no configured CA signed, a plaintext port)
+        // arrives as an I/O error: say that it happened in the handshake.
+        Ok(Err(e)) if tls && matches!(e.kind(), lapin::ErrorKind::IOError(_)) => {
+            Err(MqError::Tls(key, e))
+        }
+        Ok(Err(e)) => Err(e.into()),
         Err(_) => Err(MqError::ConnectTimeout(settings.connect_timeout_ms)),
     }
+}
+
+/// lapin's TLS settings from `amqp.tls`: the CA is added to the system's roots.
+fn tls_config(files: &crate::tls::TlsFiles) -> Result<lapin::tcp::OwnedTLSConfig, MqError> {
+    let unusable = |e: crate::tls::TlsError| MqError::TlsFiles(e.key, e.reason);
+    let cert_chain = files
+        .ca_pem("amqp")
+        .map_err(unusable)?
+        .map(|pem| String::from_utf8_lossy(&pem).into_owned());
+    let identity =
+        files
+            .identity("amqp")
+            .map_err(unusable)?
+            .map(|id| lapin::tcp::OwnedIdentity::PKCS8 {
+                pem: id.chain_pem,
+                key: id.key_pem,
+            });
+    Ok(lapin::tcp::OwnedTLSConfig {
+        identity,
+        cert_chain,
+    })
 }
 
 /// Closes the channels, then the connection. In that order: a channel still open

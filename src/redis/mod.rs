@@ -21,9 +21,58 @@ impl<T: ::redis::aio::ConnectionLike + Send> Conn for T {}
 pub async fn connect(
     settings: &RedisSettings,
 ) -> Result<::redis::aio::MultiplexedConnection, ::redis::RedisError> {
-    ::redis::Client::open(settings.url.expose_secret())?
+    client(settings)?
         .get_multiplexed_async_connection()
         .await
+        .map_err(|e| in_tls(settings, e))
+}
+
+/// The client of `redis.url`; for `rediss://` with `redis.tls`'s CA (instead of
+/// the system's roots) and client certificate, through rustls on the process's
+/// provider (`crate::tls`).
+pub fn client(settings: &RedisSettings) -> Result<::redis::Client, ::redis::RedisError> {
+    crate::tls::install_provider();
+    let url = settings.url.expose_secret();
+    if !settings.tls.is_set() {
+        return ::redis::Client::open(url);
+    }
+    let unusable = |e: crate::tls::TlsError| {
+        ::redis::RedisError::from((
+            ::redis::ErrorKind::InvalidClientConfig,
+            "redis.tls cannot be used",
+            format!("`{}`: {}", e.key, e.reason),
+        ))
+    };
+    let root_cert = settings.tls.ca_pem("redis").map_err(unusable)?;
+    let client_tls =
+        settings
+            .tls
+            .identity("redis")
+            .map_err(unusable)?
+            .map(|id| ::redis::ClientTlsConfig {
+                client_cert: id.chain_pem,
+                client_key: id.key_pem,
+            });
+    ::redis::Client::build_with_tls(
+        url,
+        ::redis::TlsCertificates {
+            client_tls,
+            root_cert,
+        },
+    )
+}
+
+/// A failure to connect to a `rediss://` URL says so: against a plaintext port the
+/// handshake only times out.
+fn in_tls(settings: &RedisSettings, e: ::redis::RedisError) -> ::redis::RedisError {
+    if !settings.url.expose_secret().starts_with("rediss://") {
+        return e;
+    }
+    ::redis::RedisError::from((
+        e.kind(),
+        "no TLS session with the server (redis.url is rediss://)",
+        e.to_string(),
+    ))
 }
 
 /// How long a long-lived connection waits for one answer, and to connect.
@@ -41,11 +90,9 @@ pub async fn connect_managed(
         .set_connection_timeout(Some(MANAGED_TIMEOUT))
         .set_response_timeout(Some(MANAGED_TIMEOUT))
         .set_max_delay(std::time::Duration::from_millis(500));
-    ::redis::aio::ConnectionManager::new_with_config(
-        ::redis::Client::open(settings.url.expose_secret())?,
-        config,
-    )
-    .await
+    ::redis::aio::ConnectionManager::new_with_config(client(settings)?, config)
+        .await
+        .map_err(|e| in_tls(settings, e))
 }
 
 /// Loads the stock of every bucket of a SKU, and the bucket count, atomically. Like

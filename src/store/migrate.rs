@@ -4,7 +4,7 @@
 
 use tokio_postgres::Client;
 
-use super::{connect, StoreError};
+use super::{connect, PgTarget, StoreError};
 
 refinery::embed_migrations!("migrations");
 
@@ -24,7 +24,7 @@ pub enum MigrateError {
 
 /// Creates the configured database if it does not exist (connecting to the server's
 /// `postgres` maintenance database), then applies pending migrations. Idempotent.
-pub async fn migrate(config: &tokio_postgres::Config) -> Result<MigrationReport, MigrateError> {
+pub async fn migrate(config: &PgTarget) -> Result<MigrationReport, MigrateError> {
     let created = ensure_database(config).await?;
     let mut client = connect(config).await?;
     let report = migrations::runner()
@@ -48,7 +48,7 @@ pub struct MigrationReport {
     pub applied: Vec<String>,
 }
 
-async fn ensure_database(config: &tokio_postgres::Config) -> Result<bool, MigrateError> {
+async fn ensure_database(config: &PgTarget) -> Result<bool, MigrateError> {
     let Some(name) = config.get_dbname() else {
         return Err(StoreError::Url("the database URL names no database".into()).into());
     };

@@ -31,11 +31,13 @@ use std::time::{Duration, Instant};
 
 use bb8_postgres::PostgresConnectionManager;
 use secrecy::ExposeSecret;
+use secrecy::SecretString;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio_postgres::{Client, NoTls, Statement};
 
 use crate::config::DatabaseSettings;
 use crate::domain::outcome::ErrorClass;
+use crate::tls::{PgTls, TlsError, TlsFiles};
 use sqlstate::classify_sqlstate;
 
 /// Set in the transaction of a batch claim (`outbox::claim`, `compensation::claim`:
@@ -219,6 +221,9 @@ pub enum StoreError {
     Anomaly(String),
     #[error("invalid database URL: {0}")]
     Url(String),
+    /// `database.tls` cannot be used (a file missing, a verify mode without a CA).
+    #[error("`{}`: {}", .0.key, .0.reason)]
+    Tls(#[from] TlsError),
     /// The engine's runtime, which opens and drives every pooled connection, did not
     /// finish opening one (it is shutting down).
     #[error("no connection opened: {0}")]
@@ -262,6 +267,7 @@ impl StoreError {
             }
             StoreError::Anomaly(reason) => ErrorClass::Fatal(reason.clone()),
             StoreError::Url(reason) => ErrorClass::Fatal(reason.clone()),
+            StoreError::Tls(e) => ErrorClass::Fatal(e.to_string()),
             StoreError::NotOpened(_) => ErrorClass::Unavailable("connection"),
             StoreError::ReadOnlyServer => ErrorClass::Unavailable("read_only"),
             // Nothing committed; never leaves `create_orders`.
@@ -302,7 +308,7 @@ impl From<bb8::RunError<StoreError>> for StoreError {
 
 /// Parses the configured URL and points the session at the `seckill` schema, so the
 /// SQL in this module can name tables without a schema prefix.
-pub fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, StoreError> {
+pub fn pg_config(settings: &DatabaseSettings) -> Result<PgTarget, StoreError> {
     let mut config = admin_pg_config(settings)?;
     config.options("-c search_path=seckill,public");
     Ok(config)
@@ -310,16 +316,86 @@ pub fn pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, 
 
 /// The configured URL with the server's default search_path, for migrations: refinery
 /// keeps its history table in `public` and must find it there on every run.
-pub fn admin_pg_config(settings: &DatabaseSettings) -> Result<tokio_postgres::Config, StoreError> {
-    let mut config: tokio_postgres::Config = settings
-        .url
-        .expose_secret()
-        .parse()
-        .map_err(|e| StoreError::Url(format!("{e}")))?;
-    config
-        .connect_timeout(settings.connect_timeout())
-        .application_name("seckill-engine");
-    Ok(config)
+pub fn admin_pg_config(settings: &DatabaseSettings) -> Result<PgTarget, StoreError> {
+    PgTarget::parse(&settings.url, "database.url", settings)
+}
+
+/// `database.owner_url` (the role that owns the schema), or `database.url` when
+/// unset, with the server's default search_path: what `migrate` and the after-sale
+/// VACUUM connect as (docs/OPERATIONS.md, "Roles").
+pub fn owner_pg_config(settings: &DatabaseSettings) -> Result<PgTarget, StoreError> {
+    match &settings.owner_url {
+        Some(url) => PgTarget::parse(url, "database.owner_url", settings),
+        None => admin_pg_config(settings),
+    }
+}
+
+/// A PostgreSQL server to connect to: what tokio-postgres reads of the URL, and the
+/// TLS its `sslmode` asks for (`tls::PgTls`, with `database.tls`). Dereferences to
+/// the tokio-postgres settings.
+#[derive(Clone, Debug)]
+pub struct PgTarget {
+    config: tokio_postgres::Config,
+    tls: PgTls,
+}
+
+impl std::ops::Deref for PgTarget {
+    type Target = tokio_postgres::Config;
+    fn deref(&self) -> &tokio_postgres::Config {
+        &self.config
+    }
+}
+
+impl std::ops::DerefMut for PgTarget {
+    fn deref_mut(&mut self) -> &mut tokio_postgres::Config {
+        &mut self.config
+    }
+}
+
+impl PgTarget {
+    /// `url` (read from the configuration key `key`) with `settings.tls`. Errors
+    /// name the key and never carry the URL (it may hold a password).
+    pub fn parse(
+        url: &SecretString,
+        key: &'static str,
+        settings: &DatabaseSettings,
+    ) -> Result<PgTarget, StoreError> {
+        PgTarget::with_tls(url, key, &settings.tls, settings.connect_timeout())
+    }
+
+    fn with_tls(
+        url: &SecretString,
+        key: &'static str,
+        files: &TlsFiles,
+        connect_timeout: Duration,
+    ) -> Result<PgTarget, StoreError> {
+        let (rest, mode) = crate::tls::split_sslmode(url.expose_secret(), key)
+            .map_err(|e| StoreError::Url(format!("`{key}`: {e}")))?;
+        let mut config: tokio_postgres::Config = rest
+            .parse()
+            .map_err(|e| StoreError::Url(format!("`{key}`: {e}")))?;
+        let tls = PgTls::new(mode, files, key)?;
+        tls.apply(&mut config);
+        config
+            .connect_timeout(connect_timeout)
+            .application_name("seckill-engine");
+        Ok(PgTarget { config, tls })
+    }
+
+    /// A URL with no `database.tls` files (its own sslmode, up to `require`).
+    pub fn from_url(url: &str) -> Result<PgTarget, StoreError> {
+        PgTarget::with_tls(
+            &SecretString::from(url.to_owned()),
+            "database.url",
+            &TlsFiles::default(),
+            Duration::from_secs(10),
+        )
+    }
+
+    /// The `sslmode` of the URL.
+    pub fn ssl_mode(&self) -> crate::tls::SslMode {
+        self.tls.mode()
+    }
 }
 
 /// A pooled connection with its own cache of prepared statements: the hot path sends
@@ -425,11 +501,10 @@ impl Warnings {
 /// Opens a connection and drives it on the current runtime, counting its warnings.
 /// The notices arrive in protocol order, so a warning sent before a statement's
 /// answer is counted before the caller sees that answer.
-async fn open(
-    config: &tokio_postgres::Config,
-    warnings: Warnings,
-) -> Result<Client, tokio_postgres::Error> {
-    let (client, mut connection) = config.connect(NoTls).await?;
+async fn open(target: &PgTarget, warnings: Warnings) -> Result<Client, tokio_postgres::Error> {
+    let (tls, encrypted) = target.tls.connector();
+    let (client, mut connection) = target.config.connect(tls).await?;
+    target.tls.opened(&encrypted);
     tokio::spawn(async move {
         loop {
             match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
@@ -450,8 +525,8 @@ async fn open(
 /// cache per connection, and drops a connection that turned out to be on a
 /// read-only server.
 pub struct PgManager {
-    config: tokio_postgres::Config,
-    /// Its liveness check.
+    config: PgTarget,
+    /// Its liveness check (which never opens a connection, hence `NoTls`).
     inner: PostgresConnectionManager<NoTls>,
     /// Where connections are opened and their tasks run, whoever asks for one, in
     /// turn (the engine's pipeline lanes, `actors::lanes`). bb8 opens a connection
@@ -590,12 +665,8 @@ pub fn build_replica_pool(settings: &DatabaseSettings) -> Result<Option<Pool>, S
     };
     let runtime = tokio::runtime::Handle::try_current()
         .map_err(|e| StoreError::NotOpened(format!("building the replica pool: {e}")))?;
-    let mut config: tokio_postgres::Config = url
-        .expose_secret()
-        .parse()
-        .map_err(|e| StoreError::Url(format!("{e}")))?;
+    let mut config = PgTarget::parse(url, "database.replica_url", settings)?;
     config
-        .connect_timeout(settings.connect_timeout())
         .application_name("seckill-engine-replica-reads")
         .options("-c search_path=seckill,public -c default_transaction_read_only=on");
     Ok(Some(pool_of(
@@ -610,14 +681,14 @@ pub fn build_replica_pool(settings: &DatabaseSettings) -> Result<Option<Pool>, S
 const REPLICA_POOL_SIZE: u32 = 4;
 
 fn pool_of(
-    config: tokio_postgres::Config,
+    config: PgTarget,
     size: u32,
     acquire_timeout: Duration,
     runtimes: Vec<tokio::runtime::Handle>,
 ) -> Pool {
     let connect_error = Arc::default();
     let manager = PgManager {
-        inner: PostgresConnectionManager::new(config.clone(), NoTls),
+        inner: PostgresConnectionManager::new(config.config.clone(), NoTls),
         config,
         runtimes,
         next: std::sync::atomic::AtomicUsize::new(0),
@@ -643,8 +714,10 @@ pub(crate) fn millis(d: Duration) -> i64 {
 }
 
 /// Connects one client outside the pool (migrations, CLI commands).
-pub async fn connect(config: &tokio_postgres::Config) -> Result<Client, tokio_postgres::Error> {
-    let (client, connection) = config.connect(NoTls).await?;
+pub async fn connect(target: &PgTarget) -> Result<Client, tokio_postgres::Error> {
+    let (tls, encrypted) = target.tls.connector();
+    let (client, connection) = target.config.connect(tls).await?;
+    target.tls.opened(&encrypted);
     tokio::spawn(async move {
         if let Err(e) = connection.await {
             tracing::debug!(error = %e, "PostgreSQL connection closed");

@@ -47,12 +47,14 @@ pub struct TestEnv {
     pub names: Names,
     extra_queues: std::sync::Mutex<Vec<String>>,
     cleaned: bool,
+    /// Superuser settings on the same servers, which clean up after the test.
+    admin: Settings,
 }
 
 static TEMPLATE: OnceCell<String> = OnceCell::const_new();
 
 /// Server connection config for the `postgres` maintenance database.
-pub fn admin_config() -> tokio_postgres::Config {
+pub fn admin_config() -> store::PgTarget {
     let mut config = store::admin_pg_config(&base_settings().database).expect("database URL");
     config.dbname("postgres");
     config
@@ -115,6 +117,28 @@ async fn template() -> String {
         .clone()
 }
 
+/// The settings every test's world has: its namespace and Redis prefix, quick
+/// retries, the token secrets and free ports.
+fn common_figment(namespace: &str) -> figment::Figment {
+    config::figment(None)
+        .merge(Serialized::default("amqp.namespace", namespace))
+        .merge(Serialized::default("redis.key_prefix", namespace))
+        // Tests want retries to come back quickly.
+        .merge(Serialized::default("amqp.retry_delay_ms", 200))
+        // The front stage's buyers sign in with tokens signed by this (`token`).
+        .merge(Serialized::default(
+            "frontstage.auth.hs256_secret",
+            TEST_JWT_SECRET,
+        ))
+        .merge(Serialized::default(
+            "frontstage.purchase_token.secret",
+            TEST_PURCHASE_SECRET,
+        ))
+        // Any free port: tests run in parallel.
+        .merge(Serialized::default("http.addr", "127.0.0.1:0"))
+        .merge(Serialized::default("admin.addr", "127.0.0.1:0"))
+}
+
 impl TestEnv {
     /// A fresh, migrated database and unique AMQP and Redis names.
     pub async fn new() -> TestEnv {
@@ -152,31 +176,84 @@ impl TestEnv {
         }
         let namespace = format!("t{}", &id[..12]);
         let base = base_settings();
-        let figment = config::figment(None)
-            .merge(Serialized::default(
-                "database.url",
-                with_dbname(base.database.url.expose_secret(), &db_name),
-            ))
-            .merge(Serialized::default("amqp.namespace", &namespace))
-            .merge(Serialized::default("redis.key_prefix", &namespace))
-            // Tests want retries to come back quickly.
-            .merge(Serialized::default("amqp.retry_delay_ms", 200))
-            // The front stage's buyers sign in with tokens signed by this (`token`).
-            .merge(Serialized::default(
-                "frontstage.auth.hs256_secret",
-                TEST_JWT_SECRET,
-            ))
-            .merge(Serialized::default(
-                "frontstage.purchase_token.secret",
-                TEST_PURCHASE_SECRET,
-            ))
-            // Any free port: tests run in parallel.
-            .merge(Serialized::default("http.addr", "127.0.0.1:0"))
-            .merge(Serialized::default("admin.addr", "127.0.0.1:0"));
+        let figment = common_figment(&namespace).merge(Serialized::default(
+            "database.url",
+            with_dbname(base.database.url.expose_secret(), &db_name),
+        ));
         let figment = overrides(figment);
         let settings = Settings::from_figment(&figment).expect("test settings");
         TestEnv {
             names: Names::new(&namespace),
+            admin: settings.clone(),
+            settings,
+            db_name,
+            extra_queues: Default::default(),
+            cleaned: false,
+        }
+    }
+
+    /// A test's private world on other servers than the suite's (the TLS profile)
+    /// or as other users (the least-privilege roles). `admin` sets superuser URLs
+    /// (and TLS files) of those servers: the database is created there, and they
+    /// clean up. `runtime` then sets what the engine runs with; when it sets
+    /// `database.owner_url`, that role owns the database and migrates it. The
+    /// database name in the URLs is replaced by the test's own.
+    pub async fn on_servers(
+        admin: impl FnOnce(figment::Figment) -> figment::Figment,
+        runtime: impl FnOnce(figment::Figment) -> figment::Figment,
+    ) -> TestEnv {
+        seckill_engine::telemetry::init_for_tests();
+        let id = Uuid::new_v4().simple().to_string();
+        let db_name = format!("seckill_t_{}", &id[..16]);
+        let namespace = format!("t{}", &id[..12]);
+        let renamed = |figment: figment::Figment| {
+            let settings = Settings::from_figment(&figment).expect("test settings");
+            let mut figment = figment.merge(Serialized::default(
+                "database.url",
+                with_dbname(settings.database.url.expose_secret(), &db_name),
+            ));
+            if let Some(owner) = &settings.database.owner_url {
+                figment = figment.merge(Serialized::default(
+                    "database.owner_url",
+                    with_dbname(owner.expose_secret(), &db_name),
+                ));
+            }
+            figment
+        };
+        let admin_figment = renamed(admin(common_figment(&namespace)));
+        let admin_settings = Settings::from_figment(&admin_figment).expect("admin settings");
+        let settings =
+            Settings::from_figment(&renamed(runtime(admin_figment))).expect("runtime settings");
+        let mut server = store::admin_pg_config(&admin_settings.database).expect("url");
+        server.dbname("postgres");
+        let admin_db = store::connect(&server)
+            .await
+            .expect("connect to PostgreSQL as its superuser");
+        admin_db
+            .batch_execute(&format!(
+                "CREATE DATABASE {}",
+                migrate::quote_ident(&db_name)
+            ))
+            .await
+            .expect("create the test database");
+        let owner = store::owner_pg_config(&settings.database).expect("owner url");
+        if settings.database.owner_url.is_some() {
+            let role = owner.get_user().expect("owner_url names a user");
+            admin_db
+                .batch_execute(&format!(
+                    "ALTER DATABASE {} OWNER TO {}",
+                    migrate::quote_ident(&db_name),
+                    migrate::quote_ident(role)
+                ))
+                .await
+                .expect("hand the test database to the owner role");
+        }
+        migrate::migrate(&owner)
+            .await
+            .expect("migrate the test database");
+        TestEnv {
+            names: Names::new(&namespace),
+            admin: admin_settings,
             settings,
             db_name,
             extra_queues: Default::default(),
@@ -247,7 +324,7 @@ impl TestEnv {
         cleanup(
             self.db_name.clone(),
             self.names.clone(),
-            self.settings.clone(),
+            self.admin.clone(),
             queues,
         )
         .await;
@@ -262,7 +339,7 @@ impl Drop for TestEnv {
         // A failed test still leaves nothing behind.
         let db = self.db_name.clone();
         let names = self.names.clone();
-        let settings = self.settings.clone();
+        let settings = self.admin.clone();
         let queues = self
             .extra_queues
             .lock()
@@ -281,7 +358,11 @@ impl Drop for TestEnv {
 }
 
 async fn cleanup(db_name: String, names: Names, settings: Settings, queues: Vec<String>) {
-    if let Ok(admin) = store::connect(&admin_config()).await {
+    let Ok(mut server) = store::admin_pg_config(&settings.database) else {
+        return;
+    };
+    server.dbname("postgres");
+    if let Ok(admin) = store::connect(&server).await {
         let _ = admin
             .batch_execute(&format!(
                 "DROP DATABASE IF EXISTS {} WITH (FORCE)",

@@ -294,7 +294,12 @@ impl Front {
 
 #[actix_rt::test]
 async fn the_http_front_stage_queues_orders_and_reports_every_state() {
-    let env = TestEnv::new().await;
+    front_stage_reports_every_state(TestEnv::new().await).await;
+}
+
+/// The front-stage test, on any world: the TLS profile and the least-privilege
+/// roles run it too (`tls.rs`, `roles.rs`).
+pub(crate) async fn front_stage_reports_every_state(env: TestEnv) {
     let mut db = env.db().await;
     builders::activity(&mut db, 53, 1, 2, 1).await;
     let keys = SkuKeys::new(&env.settings.redis.key_prefix, 53, 1);

@@ -608,7 +608,7 @@ async fn history_reads_use_a_fresh_replica_and_never_go_back_in_time() {
     let (_, _, _, other) = read_as(addr, "/v1/me/orders", 2, None).await;
     assert_eq!(other["orders"].as_array().map(Vec::len), Some(0), "{other}");
 
-    let replica = store::connect(&replica_url.parse().expect("url"))
+    let replica = store::connect(&store::PgTarget::from_url(&replica_url).expect("url"))
         .await
         .expect("replica");
     replica

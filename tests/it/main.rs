@@ -17,3 +17,4 @@ mod pipeline;
 mod pool;
 mod schema;
 mod services;
+mod tls;

@@ -119,7 +119,12 @@ async fn ten_thousand_messages_for_one_user_make_one_order() {
 
 #[actix_rt::test]
 async fn stock_of_one_goes_to_exactly_one_of_a_thousand_buyers() {
-    let env = TestEnv::new().await;
+    one_unit_among_a_thousand_buyers(TestEnv::new().await).await;
+}
+
+/// The pipeline test, on any world: the TLS profile and the least-privilege roles
+/// run it too (`tls.rs`, `roles.rs`).
+pub(crate) async fn one_unit_among_a_thousand_buyers(env: TestEnv) {
     let mut db = env.db().await;
     builders::activity(&mut db, 2, 1, 1, 1).await;
     let msgs: Vec<_> = (1..=1_000).map(|user| order(2, 1, user, 0)).collect();
