@@ -15,6 +15,7 @@ mod health;
 mod live_page;
 mod pipeline;
 mod pool;
+mod roles;
 mod schema;
 mod services;
 mod tls;

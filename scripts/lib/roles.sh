@@ -1,0 +1,121 @@
+# Sourced by scripts/services (up --roles): one identity per job (docs/OPERATIONS.md,
+# "Roles") on the configured services, and the engine's settings for them in
+# $SVC_DIR/roles.toml. Idempotent; passwords are generated once into
+# $SVC_DIR/roles/secrets (mode 600) and kept.
+#   PostgreSQL  scripts/lib/roles.sql: seckill_owner (migrate, maintain),
+#               seckill_engine (serve: seckill_runtime + pg_monitor),
+#               seckill_history (seckill_readonly); the database is created owned
+#               by seckill_owner when missing
+#   RabbitMQ    seckill-engine     configure/write/read on the namespace's names
+#               seckill-frontstage write on <ns>.orders only
+#               seckill-payments   write on the default exchange only (payment
+#                                  callbacks are published to it, by queue name)
+#   Redis       ACL user seckill-engine: the commands the engine sends, on keys
+#               under the prefix
+# The caller defines SVC_DIR, ROOT and the loaded configuration (HOST, PORT,
+# PG_*, AMQP_*, REDIS_*) and helpers of scripts/services.
+
+ROLES_DIR=${SVC_DIR:?}/roles
+# The Redis commands of src/redis (and of its Lua scripts), and what the client
+# sends on connecting (CLIENT SETINFO, Redis 7.2 and later, is refused and the
+# client goes on without it).
+REDIS_ACL_COMMANDS="+get +set +del +incr +decr +exists +pexpireat +zadd +zrange +zrangebyscore +zrem
+  +hget +hset +hdel +evalsha +eval +script|load +script|exists +multi +exec +discard +ping
+  +client|setname +client|id +hello +select"
+
+roles_say() { printf '%-9s %s\n' "$1:" "$2"; }
+
+roles_rabbitmqctl() {
+  if [[ $(origin rabbitmq) == project-local ]]; then
+    rmqctl "$@"
+  elif is_local_host "${HOST[rabbitmq]}" && command -v rabbitmqctl >/dev/null; then
+    rabbitmqctl "$@"
+  else
+    return 1
+  fi
+}
+
+roles_up() {
+  local ns prefix db owner pw_engine pw_front pw_pay pw_redis re
+  ns=${SECKILL__AMQP__NAMESPACE:-seckill}
+  prefix=${SECKILL__REDIS__KEY_PREFIX:-seckill}
+  mkdir -p "$ROLES_DIR"
+  chmod 700 "$ROLES_DIR"
+  if [[ ! -s $ROLES_DIR/secrets ]]; then
+    (
+      umask 077
+      printf 'PW_ENGINE=%s\nPW_FRONT=%s\nPW_PAY=%s\nPW_REDIS=%s\n' "$(openssl rand -hex 16)" \
+        "$(openssl rand -hex 16)" "$(openssl rand -hex 16)" "$(openssl rand -hex 16)" >"$ROLES_DIR/secrets"
+    )
+  fi
+  # shellcheck disable=SC1091
+  . "$ROLES_DIR/secrets"
+  pw_engine=$PW_ENGINE pw_front=$PW_FRONT pw_pay=$PW_PAY pw_redis=$PW_REDIS
+
+  local psql=(psql -X -q -A -t -v ON_ERROR_STOP=1 -h "${HOST[postgres]}" -p "${PORT[postgres]}" -U "$PG_USER" -d postgres)
+  PGPASSWORD=$PG_PASS PGOPTIONS='-c client_min_messages=warning' "${psql[@]}" \
+    -f "$ROOT/scripts/lib/roles.sql" >/dev/null ||
+    die "creating the PostgreSQL roles failed (the configured user must be a superuser)"
+  db=$PG_DB
+  owner=$(echo "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = :'db'" |
+    PGPASSWORD=$PG_PASS "${psql[@]}" -v db="$db")
+  if [[ -z $owner ]]; then
+    echo 'CREATE DATABASE :"db" OWNER seckill_owner' | PGPASSWORD=$PG_PASS "${psql[@]}" -v db="$db" ||
+      die "creating database $db failed"
+    roles_say postgres "database $db created, owned by seckill_owner"
+  elif [[ $owner != seckill_owner ]]; then
+    warn postgres "database $db exists and is owned by $owner: migrate it as $owner (owner_url), or drop it and run 'up --roles' again"
+  fi
+  roles_say postgres "roles seckill_owner, seckill_engine (seckill_runtime, pg_monitor), seckill_history (seckill_readonly)"
+
+  re=${ns//./\\.}
+  if roles_rabbitmqctl -q status >/dev/null 2>&1; then
+    local user pw conf write read
+    while read -r user pw conf write read; do
+      # </dev/null: rabbitmqctl would read the rest of the list.
+      roles_rabbitmqctl -q add_user "$user" "$pw" </dev/null >/dev/null 2>&1 ||
+        roles_rabbitmqctl -q change_password "$user" "$pw" </dev/null >/dev/null ||
+        die "rabbitmqctl: cannot create user $user"
+      roles_rabbitmqctl -q set_permissions -p "$AMQP_VHOST" "$user" "$conf" "$write" "$read" </dev/null >/dev/null ||
+        die "rabbitmqctl: cannot set the permissions of $user"
+    done <<EOF
+seckill-engine $pw_engine ^$re\\. ^($re\\..*|amq\\.default)\$ ^$re\\.
+seckill-frontstage $pw_front ^\$ ^$re\\.orders\$ ^\$
+seckill-payments $pw_pay ^\$ ^amq\\.default\$ ^\$
+EOF
+    roles_say rabbitmq "users seckill-engine, seckill-frontstage, seckill-payments on vhost $AMQP_VHOST"
+  else
+    warn rabbitmq "rabbitmqctl cannot reach the broker; create the users by hand (docs/OPERATIONS.md, \"Roles\")"
+  fi
+
+  local rcli=(redis-cli -h "${HOST[redis]}" -p "${PORT[redis]}")
+  [[ -z $REDIS_PASS ]] || rcli+=(--user "${REDIS_USER:-default}" --pass "$REDIS_PASS" --no-auth-warning)
+  # shellcheck disable=SC2086
+  [[ $("${rcli[@]}" ACL SETUSER seckill-engine reset on ">$pw_redis" "~$prefix:*" resetchannels -@all $REDIS_ACL_COMMANDS) == OK ]] ||
+    die "redis: ACL SETUSER seckill-engine failed"
+  roles_say redis "ACL user seckill-engine on keys $prefix:* (not persisted: a restarted server needs 'up --roles' again)"
+
+  local pg="${HOST[postgres]}:${PORT[postgres]}" amqp="${HOST[rabbitmq]}:${PORT[rabbitmq]}"
+  local vhost
+  vhost=$("$PY" -c 'import sys, urllib.parse as u; print(u.quote(sys.argv[1], safe=""))' "$AMQP_VHOST")
+  (
+    umask 077
+    cat >"$SVC_DIR/roles.toml" <<EOF
+# Engine settings with one identity per job (scripts/services up --roles); use with
+# --config. Holds passwords: keep it private.
+[database]
+url = "postgres://seckill_engine@$pg/$db?sslmode=disable"
+owner_url = "postgres://seckill_owner@$pg/$db?sslmode=disable"
+
+[amqp]
+url = "amqp://seckill-engine:$pw_engine@$amqp/$vhost"
+
+[frontstage]
+amqp_url = "amqp://seckill-frontstage:$pw_front@$amqp/$vhost"
+
+[redis]
+url = "redis://seckill-engine:$pw_redis@${HOST[redis]}:${PORT[redis]}"
+EOF
+  )
+  roles_say roles "engine settings in ${SVC_DIR#"$ROOT"/}/roles.toml (payment providers: amqp://seckill-payments:…, in ${ROLES_DIR#"$ROOT"/}/secrets)"
+}
