@@ -13,9 +13,13 @@
 #   Redis       ACL user seckill-engine: the commands the engine sends, on keys
 #               under the prefix
 # The caller defines SVC_DIR, ROOT and the loaded configuration (HOST, PORT,
-# PG_*, AMQP_*, REDIS_*) and helpers of scripts/services.
+# PG_*, AMQP_*, REDIS_*) and helpers of scripts/services. SECKILL_ROLES_USER_PREFIX
+# (default seckill) names the broker and Redis users; the namespace and key prefix
+# are SECKILL__AMQP__NAMESPACE and SECKILL__REDIS__KEY_PREFIX (default seckill).
 
 ROLES_DIR=${SVC_DIR:?}/roles
+# The prefix of the broker and Redis user names (the tests use their own).
+ROLES_USER=${SECKILL_ROLES_USER_PREFIX:-seckill}
 # The Redis commands of src/redis (and of its Lua scripts), and what the client
 # sends on connecting (CLIENT SETINFO, Redis 7.2 and later, is refused and the
 # client goes on without it).
@@ -79,11 +83,11 @@ roles_up() {
       roles_rabbitmqctl -q set_permissions -p "$AMQP_VHOST" "$user" "$conf" "$write" "$read" </dev/null >/dev/null ||
         die "rabbitmqctl: cannot set the permissions of $user"
     done <<EOF
-seckill-engine $pw_engine ^$re\\. ^($re\\..*|amq\\.default)\$ ^$re\\.
-seckill-frontstage $pw_front ^\$ ^$re\\.orders\$ ^\$
-seckill-payments $pw_pay ^\$ ^amq\\.default\$ ^\$
+$ROLES_USER-engine $pw_engine ^$re\\. ^($re\\..*|amq\\.default)\$ ^$re\\.
+$ROLES_USER-frontstage $pw_front ^\$ ^$re\\.orders\$ ^\$
+$ROLES_USER-payments $pw_pay ^\$ ^amq\\.default\$ ^\$
 EOF
-    roles_say rabbitmq "users seckill-engine, seckill-frontstage, seckill-payments on vhost $AMQP_VHOST"
+    roles_say rabbitmq "users $ROLES_USER-engine, $ROLES_USER-frontstage, $ROLES_USER-payments on vhost $AMQP_VHOST"
   else
     warn rabbitmq "rabbitmqctl cannot reach the broker; create the users by hand (docs/OPERATIONS.md, \"Roles\")"
   fi
@@ -91,9 +95,9 @@ EOF
   local rcli=(redis-cli -h "${HOST[redis]}" -p "${PORT[redis]}")
   [[ -z $REDIS_PASS ]] || rcli+=(--user "${REDIS_USER:-default}" --pass "$REDIS_PASS" --no-auth-warning)
   # shellcheck disable=SC2086
-  [[ $("${rcli[@]}" ACL SETUSER seckill-engine reset on ">$pw_redis" "~$prefix:*" resetchannels -@all $REDIS_ACL_COMMANDS) == OK ]] ||
-    die "redis: ACL SETUSER seckill-engine failed"
-  roles_say redis "ACL user seckill-engine on keys $prefix:* (not persisted: a restarted server needs 'up --roles' again)"
+  [[ $("${rcli[@]}" ACL SETUSER "$ROLES_USER-engine" reset on ">$pw_redis" "~$prefix:*" resetchannels -@all $REDIS_ACL_COMMANDS) == OK ]] ||
+    die "redis: ACL SETUSER $ROLES_USER-engine failed"
+  roles_say redis "ACL user $ROLES_USER-engine on keys $prefix:* (not persisted: a restarted server needs 'up --roles' again)"
 
   local pg="${HOST[postgres]}:${PORT[postgres]}" amqp="${HOST[rabbitmq]}:${PORT[rabbitmq]}"
   local vhost
@@ -108,14 +112,14 @@ url = "postgres://seckill_engine@$pg/$db?sslmode=disable"
 owner_url = "postgres://seckill_owner@$pg/$db?sslmode=disable"
 
 [amqp]
-url = "amqp://seckill-engine:$pw_engine@$amqp/$vhost"
+url = "amqp://$ROLES_USER-engine:$pw_engine@$amqp/$vhost"
 
 [frontstage]
-amqp_url = "amqp://seckill-frontstage:$pw_front@$amqp/$vhost"
+amqp_url = "amqp://$ROLES_USER-frontstage:$pw_front@$amqp/$vhost"
 
 [redis]
-url = "redis://seckill-engine:$pw_redis@${HOST[redis]}:${PORT[redis]}"
+url = "redis://$ROLES_USER-engine:$pw_redis@${HOST[redis]}:${PORT[redis]}"
 EOF
   )
-  roles_say roles "engine settings in ${SVC_DIR#"$ROOT"/}/roles.toml (payment providers: amqp://seckill-payments:…, in ${ROLES_DIR#"$ROOT"/}/secrets)"
+  roles_say roles "engine settings in ${SVC_DIR#"$ROOT"/}/roles.toml (payment providers: amqp://$ROLES_USER-payments:…, in ${ROLES_DIR#"$ROOT"/}/secrets)"
 }

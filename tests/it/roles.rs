@@ -3,7 +3,7 @@
 //! and migrated by `seckill_owner`, and the engine (in-process and `serve`) running
 //! as `seckill_engine`, which can read and write its tables and change nothing else.
 
-use figment::providers::Serialized;
+use figment::providers::{Format, Serialized};
 use secrecy::ExposeSecret;
 use tokio_postgres::error::SqlState;
 
@@ -103,4 +103,154 @@ async fn serve_runs_as_the_runtime_role_which_cannot_change_the_schema() {
     assert!(!text.contains("permission denied"), "{text}");
 
     crate::pipeline::one_unit_among_a_thousand_buyers(env).await;
+}
+
+/// `scripts/services up --roles` on the suite's services, for this test's
+/// namespace, key prefix and user names; its settings file, then the users'
+/// removal and its database's when dropped.
+struct Identities {
+    dir: std::path::PathBuf,
+    users: String,
+    db: String,
+}
+
+impl Identities {
+    async fn create(namespace: &str, prefix: &str) -> Identities {
+        let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+        let dir = std::env::temp_dir().join(format!("seckill-roles-{id}"));
+        std::fs::create_dir_all(&dir).unwrap();
+        let identities = Identities {
+            dir,
+            users: format!("t{id}"),
+            db: format!("seckill_roles_{id}"),
+        };
+        let url = crate::common::with_dbname(
+            base_settings().database.url.expose_secret(),
+            &identities.db,
+        );
+        let mut cmd = std::process::Command::new(
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/services"),
+        );
+        cmd.args(["up", "--roles"])
+            .env("SECKILL_SERVICES_DIR", &identities.dir)
+            .env("SECKILL_ROLES_USER_PREFIX", &identities.users)
+            .env("SECKILL__AMQP__NAMESPACE", namespace)
+            .env("SECKILL__REDIS__KEY_PREFIX", prefix)
+            .env("SECKILL__DATABASE__URL", url);
+        let out = tokio::task::spawn_blocking(move || cmd.output())
+            .await
+            .unwrap()
+            .unwrap();
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(out.status.success(), "scripts/services up --roles:\n{text}");
+        assert!(!text.contains("warning"), "{text}");
+        identities
+    }
+
+    fn settings_file(&self) -> std::path::PathBuf {
+        self.dir.join("roles.toml")
+    }
+}
+
+impl Drop for Identities {
+    fn drop(&mut self) {
+        for kind in ["engine", "frontstage", "payments"] {
+            let _ = std::process::Command::new("rabbitmqctl")
+                .args(["-q", "delete_user", &format!("{}-{kind}", self.users)])
+                .output();
+        }
+        let _ = std::process::Command::new("redis-cli")
+            .args(["ACL", "DELUSER", &format!("{}-engine", self.users)])
+            .output();
+        let _ = std::process::Command::new("psql")
+            .args([
+                "-X",
+                "-q",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-c",
+            ])
+            .arg(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.db))
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+#[actix_rt::test]
+async fn the_front_stage_and_the_engine_run_as_their_broker_and_redis_users() {
+    // The world's namespace and prefix are known only once it exists; the users
+    // are made for a namespace chosen here and the world is told to use it.
+    let namespace = format!("r{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let identities = Identities::create(&namespace, &namespace).await;
+    let superuser = base_settings().database.url.expose_secret().to_owned();
+    let file = identities.settings_file();
+    let env = TestEnv::on_servers(
+        |f| {
+            f.merge(Serialized::default("database.url", superuser))
+                .merge(Serialized::default("amqp.namespace", &namespace))
+                .merge(Serialized::default("redis.key_prefix", &namespace))
+        },
+        |f| f.merge(figment::providers::Toml::file_exact(&file)),
+    )
+    .await;
+    let s = &env.settings;
+    assert!(s
+        .amqp
+        .url
+        .expose_secret()
+        .contains(&format!("{}-engine:", identities.users)));
+    assert!(s
+        .redis
+        .url
+        .expose_secret()
+        .contains(&format!("{}-engine:", identities.users)));
+
+    // The front stage's user publishes order messages and nothing else.
+    let mut front = s.amqp.clone();
+    front.url = s.frontstage.amqp_url.clone().expect("frontstage.amqp_url");
+    let conn = seckill_engine::mq::connect(&front, "seckill-test")
+        .await
+        .unwrap();
+    let channel = conn.create_channel().await.unwrap();
+    let e = channel
+        .queue_declare(
+            format!("{namespace}.intruder").as_str().into(),
+            lapin::options::QueueDeclareOptions::default(),
+            lapin::types::FieldTable::default(),
+        )
+        .await
+        .expect_err("the front stage's user declared a queue");
+    assert!(e.to_string().contains("ACCESS_REFUSED"), "{e}");
+    let _ = conn.close(200, "done".into()).await;
+
+    // The Redis user runs the engine's commands on its prefix, and nothing else.
+    let mut redis = env.redis().await;
+    let e = ::redis::cmd("KEYS")
+        .arg("*")
+        .query_async::<Vec<String>>(&mut redis)
+        .await
+        .expect_err("KEYS allowed");
+    assert!(
+        e.to_string().to_lowercase().contains("no permissions"),
+        "{e}"
+    );
+    let e = ::redis::cmd("GET")
+        .arg("elsewhere:key")
+        .query_async::<Option<String>>(&mut redis)
+        .await
+        .expect_err("a key outside the prefix");
+    assert!(
+        e.to_string().to_lowercase().contains("no permissions"),
+        "{e}"
+    );
+
+    crate::frontstage::front_stage_reports_every_state(env).await;
 }
