@@ -1130,6 +1130,22 @@ fn no_secret_appears_in_any_output_for_bad_values() {
             "SECKILL__DATABASE__REPLICA_URL",
             format!("postgres//reader:{SECRET}@127.0.0.1/x"),
         ),
+        (
+            "SECKILL__DATABASE__OWNER_URL",
+            format!("postgres//owner:{SECRET}@127.0.0.1/x"),
+        ),
+        (
+            "SECKILL__DATABASE__URL",
+            format!("postgres://postgres:{SECRET}@127.0.0.1:5432/x?sslmode=verify-everything"),
+        ),
+        (
+            "SECKILL__FRONTSTAGE__AMQP_URL",
+            format!("amqp:front:{SECRET}@127.0.0.1:5672/%2f"),
+        ),
+        (
+            "SECKILL__REDIS__URL",
+            format!("rediss://:{SECRET}@127.0.0.1:1/#insecure"),
+        ),
         // Too short to be accepted: the error names the key, never the value.
         ("SECKILL__FRONTSTAGE__AUTH__HS256_SECRET", SECRET.to_owned()),
         (
