@@ -148,11 +148,14 @@ fn roots(pem: &[u8], key: &str) -> Result<RootCertStore, TlsError> {
 /// Installs aws-lc-rs as the process's crypto provider, once; every TLS client of the
 /// process (ours, lapin's, the redis crate's) then uses it.
 pub fn install_provider() -> Arc<CryptoProvider> {
-    // Fails only if a provider is already installed, which is then the one to use.
-    let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
-    CryptoProvider::get_default()
-        .cloned()
-        .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+    static PROVIDER: std::sync::OnceLock<Arc<CryptoProvider>> = std::sync::OnceLock::new();
+    Arc::clone(PROVIDER.get_or_init(|| {
+        // Fails only if a provider is already installed, which is then the one to use.
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+        CryptoProvider::get_default()
+            .cloned()
+            .unwrap_or_else(|| Arc::new(rustls::crypto::aws_lc_rs::default_provider()))
+    }))
 }
 
 /// libpq's `sslmode`, all five of them.

@@ -405,6 +405,28 @@ async fn cleanup(db_name: String, names: Names, settings: Settings, queues: Vec<
     }
 }
 
+/// Runs a project script (`script`, from the repository root, run there) with
+/// `env` set; its output, stdout then stderr. The test fails if the script does.
+pub async fn project_script(script: &str, args: &[&str], env: &[(&str, String)]) -> String {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut cmd = std::process::Command::new(root.join(script));
+    cmd.args(args).current_dir(root);
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .expect("join")
+        .expect("run script");
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(out.status.success(), "{script} {args:?} failed:\n{text}");
+    text
+}
+
 /// The tests' `frontstage.auth.hs256_secret`.
 pub const TEST_JWT_SECRET: &str = "a-test-secret-that-is-long-enough-for-hs256";
 

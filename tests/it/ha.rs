@@ -51,28 +51,15 @@ impl HaCluster {
 
     /// Runs a project script against this cluster; its output (stdout and stderr).
     async fn script(&self, script: &str, args: &[&str], env: &[(&str, &str)]) -> String {
-        let mut cmd = Command::new(repo().join(script));
-        cmd.args(args)
-            .current_dir(repo())
-            .env("SECKILL_SERVICES_DIR", &self.dir)
-            .env(
+        let mut all = vec![
+            ("SECKILL_SERVICES_DIR", self.dir.display().to_string()),
+            (
                 "SECKILL_HA_PORTS",
                 self.ports.map(|p| p.to_string()).join(" "),
-            );
-        for (k, v) in env {
-            cmd.env(k, v);
-        }
-        let out = tokio::task::spawn_blocking(move || cmd.output())
-            .await
-            .expect("join")
-            .expect("run script");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "{script} {args:?} failed:\n{text}");
-        text
+            ),
+        ];
+        all.extend(env.iter().map(|(k, v)| (*k, (*v).to_owned())));
+        crate::common::project_script(script, args, &all).await
     }
 
     async fn failover(&self, args: &[&str]) -> String {

@@ -128,25 +128,15 @@ impl Identities {
             base_settings().database.url.expose_secret(),
             &identities.db,
         );
-        let mut cmd = std::process::Command::new(
-            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/services"),
-        );
-        cmd.args(["up", "--roles"])
-            .env("SECKILL_SERVICES_DIR", &identities.dir)
-            .env("SECKILL_ROLES_USER_PREFIX", &identities.users)
-            .env("SECKILL__AMQP__NAMESPACE", namespace)
-            .env("SECKILL__REDIS__KEY_PREFIX", prefix)
-            .env("SECKILL__DATABASE__URL", url);
-        let out = tokio::task::spawn_blocking(move || cmd.output())
-            .await
-            .unwrap()
-            .unwrap();
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(out.status.success(), "scripts/services up --roles:\n{text}");
+        let env = [
+            ("SECKILL_SERVICES_DIR", identities.dir.display().to_string()),
+            ("SECKILL_ROLES_USER_PREFIX", identities.users.clone()),
+            ("SECKILL__AMQP__NAMESPACE", namespace.to_owned()),
+            ("SECKILL__REDIS__KEY_PREFIX", prefix.to_owned()),
+            ("SECKILL__DATABASE__URL", url),
+        ];
+        let text =
+            crate::common::project_script("scripts/services", &["up", "--roles"], &env).await;
         assert!(!text.contains("warning"), "{text}");
         identities
     }

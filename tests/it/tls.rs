@@ -48,28 +48,14 @@ impl TlsProfile {
     }
 
     async fn script(&self, args: &[&str]) -> String {
-        let mut cmd = Command::new(repo().join("scripts/services"));
-        cmd.args(args)
-            .current_dir(repo())
-            .env("SECKILL_SERVICES_DIR", &self.dir)
-            .env(
+        let env = [
+            ("SECKILL_SERVICES_DIR", self.dir.display().to_string()),
+            (
                 "SECKILL_TLS_PORTS",
                 self.ports.map(|p| p.to_string()).join(" "),
-            );
-        let out = tokio::task::spawn_blocking(move || cmd.output())
-            .await
-            .expect("join")
-            .expect("run scripts/services");
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            out.status.success(),
-            "scripts/services {args:?} failed:\n{text}"
-        );
-        text
+            ),
+        ];
+        crate::common::project_script("scripts/services", args, &env).await
     }
 
     fn pki(&self, file: &str) -> PathBuf {
