@@ -99,10 +99,15 @@ pub async fn request_answer(
     keys: &SkuKeys,
     user_id: i64,
     request_id: &uuid::Uuid,
-) -> Result<Option<String>, RedisError> {
+) -> Result<Option<super::scripts::ReservationAnswer>, RedisError> {
     let mut get = ::redis::cmd("GET");
     get.arg(keys.request(user_id, request_id));
-    timed("get", get.query_async(conn)).await
+    let stored: Option<String> = timed("get", get.query_async(conn)).await?;
+    stored
+        .map(|s| {
+            super::scripts::ReservationAnswer::parse(&s).ok_or_else(super::scripts::corrupt_answer)
+        })
+        .transpose()
 }
 
 /// Marks a reservation's message as queued for `ttl_ms`, so the status query can

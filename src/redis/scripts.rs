@@ -75,17 +75,54 @@ return {'SOLD_OUT', ''}
     )
 });
 
+/// The answer a reservation gets, and the one its retries replay: kept by the
+/// reserve script under the request's key as `reservation|order_id|order_no|bucket`.
+/// `answer_prefix` builds the first three fields (the script appends the bucket it
+/// took from), `parse` reads all four back: the one builder and the one parser of
+/// that format.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ReservationAnswer {
+    pub reservation_id: Uuid,
+    pub order_id: i64,
+    pub order_no: String,
+    pub bucket: i16,
+}
+
+impl ReservationAnswer {
+    /// What the script is given to keep, before it knows the bucket.
+    fn answer_prefix(reservation_id: &Uuid, order_id: i64, order_no: &str) -> String {
+        format!("{reservation_id}|{order_id}|{order_no}")
+    }
+
+    /// The stored answer; `None` when it is not one the script wrote.
+    pub fn parse(stored: &str) -> Option<Self> {
+        let mut parts = stored.split('|');
+        let answer = Self {
+            reservation_id: parts.next()?.parse().ok()?,
+            order_id: parts.next()?.parse().ok()?,
+            order_no: parts.next()?.to_owned(),
+            bucket: parts.next()?.parse().ok()?,
+        };
+        parts.next().is_none().then_some(answer)
+    }
+}
+
+/// An answer under a request key that is not the script's format: Redis was written
+/// by something else, and the request cannot be answered from it.
+pub(crate) fn corrupt_answer() -> ::redis::RedisError {
+    ::redis::RedisError::from((
+        ::redis::ErrorKind::UnexpectedReturnType,
+        "corrupt reservation answer",
+    ))
+}
+
 /// What the reserve script decided.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Reserved {
-    /// A unit was taken; `answer` is `reservation|order_id|order_no|bucket`.
-    Ok {
-        answer: String,
-    },
+    /// A unit was taken.
+    Ok(ReservationAnswer),
     /// The request was answered before; the same answer.
-    Replay {
-        answer: String,
-    },
+    Replay(ReservationAnswer),
     /// The user holds reservation `holder` for this SKU already.
     Duplicate {
         holder: String,
@@ -93,42 +130,57 @@ pub enum Reserved {
     SoldOut,
 }
 
-/// Runs the reserve script for one request.
-#[allow(clippy::too_many_arguments)]
+/// One request for a unit, as the reserve script takes it.
+#[derive(Debug, Clone)]
+pub struct ReserveCall<'a> {
+    pub user_id: i64,
+    pub request_id: Uuid,
+    pub reservation_id: Uuid,
+    /// The order the reservation becomes, minted before the script runs.
+    pub order_id: i64,
+    pub order_no: &'a str,
+    /// When an unseen reservation is due for reconciliation (its pending score).
+    pub expires_at_ms: i64,
+    /// How long the request's answer is kept for its retries.
+    pub request_ttl_secs: u64,
+    /// The sale's end: the sale's keys expire after it.
+    pub sale_end_ms: i64,
+}
+
+/// Runs the reserve script for one request over `buckets` buckets.
 pub async fn reserve(
     conn: &mut impl Conn,
     keys: &SkuKeys,
     buckets: i16,
-    user_id: i64,
-    request_id: Uuid,
-    reservation_id: Uuid,
-    expires_at_ms: i64,
-    request_ttl_secs: u64,
-    answer: &str,
-    sale_end_ms: i64,
+    call: &ReserveCall<'_>,
 ) -> Result<Reserved, ::redis::RedisError> {
-    let preferred = user_bucket(user_id, buckets);
+    let preferred = user_bucket(call.user_id, buckets);
     let mut invocation = RESERVE.key(keys.users());
     invocation
         .key(keys.pending())
-        .key(keys.request(user_id, &request_id));
+        .key(keys.request(call.user_id, &call.request_id));
     for bucket in 0..buckets {
         invocation.key(keys.stock(bucket));
     }
     invocation
-        .arg(user_id)
-        .arg(reservation_id.to_string())
+        .arg(call.user_id)
+        .arg(call.reservation_id.to_string())
         .arg(preferred)
-        .arg(expires_at_ms)
-        .arg(request_ttl_secs)
-        .arg(answer)
-        .arg(request_id.to_string())
-        .arg(super::keys::sale_keys_expire_at_ms(sale_end_ms));
+        .arg(call.expires_at_ms)
+        .arg(call.request_ttl_secs)
+        .arg(ReservationAnswer::answer_prefix(
+            &call.reservation_id,
+            call.order_id,
+            call.order_no,
+        ))
+        .arg(call.request_id.to_string())
+        .arg(super::keys::sale_keys_expire_at_ms(call.sale_end_ms));
     let (kind, value): (String, String) =
         super::timed("reserve", invocation.invoke_async(conn)).await?;
+    let answer = || ReservationAnswer::parse(&value).ok_or_else(corrupt_answer);
     Ok(match kind.as_str() {
-        "OK" => Reserved::Ok { answer: value },
-        "REPLAY" => Reserved::Replay { answer: value },
+        "OK" => Reserved::Ok(answer()?),
+        "REPLAY" => Reserved::Replay(answer()?),
         "DUPLICATE" => Reserved::Duplicate { holder: value },
         _ => Reserved::SoldOut,
     })
@@ -161,4 +213,33 @@ pub async fn give_back(
         .arg(reservation.encode());
     let changed: i64 = super::timed("give_back", invocation.invoke_async(conn)).await?;
     Ok(changed == 1)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_answer_round_trips_through_the_script_format() {
+        let reservation_id = Uuid::now_v7();
+        let stored = format!(
+            "{}|{}",
+            ReservationAnswer::answer_prefix(&reservation_id, 42, "S42"),
+            7
+        );
+        assert_eq!(
+            ReservationAnswer::parse(&stored),
+            Some(ReservationAnswer {
+                reservation_id,
+                order_id: 42,
+                order_no: "S42".into(),
+                bucket: 7,
+            })
+        );
+        for corrupt in ["", "x|1|S|0", "{reservation_id}|1|S", "a|b|c|d|e"] {
+            assert_eq!(ReservationAnswer::parse(corrupt), None, "{corrupt}");
+        }
+        let extra = format!("{stored}|9");
+        assert_eq!(ReservationAnswer::parse(&extra), None);
+    }
 }

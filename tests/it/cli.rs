@@ -663,13 +663,16 @@ async fn check_redis_reports_drift_between_redis_and_postgres() {
         &mut redis,
         &keys,
         2,
-        5,
-        uuid::Uuid::now_v7(),
-        id,
-        expiry,
-        60,
-        &format!("{id}|1|S1"),
-        crate::common::sale_end().timestamp_millis(),
+        &scripts::ReserveCall {
+            user_id: 5,
+            request_id: uuid::Uuid::now_v7(),
+            reservation_id: id,
+            order_id: 1,
+            order_no: "S1",
+            expires_at_ms: expiry,
+            request_ttl_secs: 60,
+            sale_end_ms: crate::common::sale_end().timestamp_millis(),
+        },
     )
     .await
     .unwrap();

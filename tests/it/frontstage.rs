@@ -11,7 +11,7 @@ use lapin::options::{ExchangeDeclareOptions, ExchangeDeleteOptions};
 use lapin::types::FieldTable;
 use lapin::ExchangeKind;
 use seckill_engine::redis::keys::SkuKeys;
-use seckill_engine::redis::scripts::{self, Reserved};
+use seckill_engine::redis::scripts::{self, ReserveCall, Reserved};
 use serde_json::{json, Value};
 use uuid::Uuid;
 
@@ -44,13 +44,16 @@ async fn the_reserve_script_sells_exactly_the_stock_to_distinct_users() {
                 &mut redis,
                 &keys,
                 8,
-                user,
-                Uuid::now_v7(),
-                reservation,
-                expiry,
-                60,
-                &format!("{reservation}|1|S1"),
-                crate::common::sale_end().timestamp_millis(),
+                &ReserveCall {
+                    user_id: user,
+                    request_id: Uuid::now_v7(),
+                    reservation_id: reservation,
+                    order_id: 1,
+                    order_no: "S1",
+                    expires_at_ms: expiry,
+                    request_ttl_secs: 60,
+                    sale_end_ms: crate::common::sale_end().timestamp_millis(),
+                },
             )
             .await
             .unwrap();
@@ -112,23 +115,26 @@ async fn an_empty_bucket_never_reads_as_sold_out_while_another_has_stock() {
                 &mut redis,
                 &keys,
                 4,
-                *user,
-                Uuid::now_v7(),
-                reservation,
-                expiry,
-                60,
-                &format!("{reservation}|1|S1"),
-                crate::common::sale_end().timestamp_millis(),
+                &ReserveCall {
+                    user_id: *user,
+                    request_id: Uuid::now_v7(),
+                    reservation_id: reservation,
+                    order_id: 1,
+                    order_no: "S1",
+                    expires_at_ms: expiry,
+                    request_ttl_secs: 60,
+                    sale_end_ms: crate::common::sale_end().timestamp_millis(),
+                },
             )
             .await
             .unwrap(),
         );
     }
     for answer in &answers[..3] {
-        let Reserved::Ok { answer } = answer else {
+        let Reserved::Ok(answer) = answer else {
             panic!("{answer:?}")
         };
-        assert!(answer.ends_with("|3"), "taken from bucket 3: {answer}");
+        assert_eq!(answer.bucket, 3, "taken from bucket 3: {answer:?}");
     }
     assert_eq!(answers[3], Reserved::SoldOut);
     env.cleanup().await;
@@ -1176,20 +1182,23 @@ async fn reserve_in_redis(
         redis,
         keys,
         buckets,
-        msg.user_id,
-        msg.request_id,
-        msg.reservation_id,
-        expires_at_ms,
-        60,
-        &format!("{}|{}|{}", msg.reservation_id, msg.order_id, msg.order_no),
-        crate::common::sale_end().timestamp_millis(),
+        &ReserveCall {
+            user_id: msg.user_id,
+            request_id: msg.request_id,
+            reservation_id: msg.reservation_id,
+            order_id: msg.order_id,
+            order_no: &msg.order_no,
+            expires_at_ms,
+            request_ttl_secs: 60,
+            sale_end_ms: crate::common::sale_end().timestamp_millis(),
+        },
     )
     .await
     .unwrap();
-    let Reserved::Ok { answer } = r else {
+    let Reserved::Ok(answer) = r else {
         panic!("{r:?}")
     };
-    answer.rsplit('|').next().unwrap().parse().unwrap()
+    answer.bucket
 }
 
 async fn pending_is_empty(redis: &::redis::aio::MultiplexedConnection, keys: &SkuKeys) -> bool {

@@ -1,0 +1,134 @@
+//! Purchase tokens at the door: `GET /v1/activities/{a}/skus/{s}/purchase-token`
+//! issues one to a buyer during the sale (at most
+//! `frontstage.purchase_token.max_per_user` per sale), and a reservation presents
+//! it as `X-Purchase-Token`. The token format is `domain::purchase_token`'s.
+
+use actix_web::{web, HttpRequest, HttpResponse};
+use chrono::Utc;
+use secrecy::{ExposeSecret, SecretString};
+use serde_json::json;
+
+use super::answers::{no_such_sku, unavailable};
+use super::buyer::Buyer;
+use super::FrontStage;
+use crate::domain::purchase_token::{self, InvalidToken, PurchaseClaims};
+use crate::redis::commands;
+use crate::redis::keys::SkuKeys;
+
+/// The purchase token a reservation presents.
+pub(super) const PURCHASE_TOKEN: &str = "X-Purchase-Token";
+
+/// A reservation's purchase token refused: the metric outcome and the reason.
+pub(super) struct TokenRefused {
+    outcome: &'static str,
+    reason: String,
+}
+
+impl TokenRefused {
+    /// 403 `PURCHASE_TOKEN_INVALID`, counted under its metric outcome.
+    pub(super) fn respond(self) -> HttpResponse {
+        metrics::counter!(crate::telemetry::names::PURCHASE_TOKENS_TOTAL, "outcome" => self.outcome)
+            .increment(1);
+        HttpResponse::Forbidden()
+            .json(json!({"status": "PURCHASE_TOKEN_INVALID", "reason": self.reason}))
+    }
+}
+
+/// A reservation's `X-Purchase-Token`: genuine, unexpired, this user's, this SKU's.
+pub(super) fn check_purchase_token(
+    secret: &SecretString,
+    http: &HttpRequest,
+    bound: (i64, i64, i64),
+) -> Result<(), TokenRefused> {
+    let Some(token) = http
+        .headers()
+        .get(PURCHASE_TOKEN)
+        .and_then(|v| v.to_str().ok())
+    else {
+        return Err(TokenRefused {
+            outcome: "missing",
+            reason: format!("{PURCHASE_TOKEN} is required: fetch one from GET .../purchase-token during the sale"),
+        });
+    };
+    purchase_token::verify(
+        secret.expose_secret().as_bytes(),
+        token,
+        bound,
+        Utc::now().timestamp_millis(),
+    )
+    .map(|_| ())
+    .map_err(|e| {
+        let outcome = match e {
+            InvalidToken::Expired => "expired",
+            InvalidToken::Mismatch => "mismatch",
+            _ => "invalid",
+        };
+        TokenRefused {
+            outcome,
+            reason: e.to_string(),
+        }
+    })
+}
+
+/// `GET /v1/activities/{a}/skus/{s}/purchase-token`: a token for this buyer and SKU,
+/// only during the sale and at most `frontstage.purchase_token.max_per_user` times.
+pub(super) async fn purchase_token_for(
+    Buyer(user_id): Buyer,
+    front: web::Data<FrontStage>,
+    path: web::Path<(i64, i64)>,
+) -> HttpResponse {
+    let (activity_id, sku_id) = path.into_inner();
+    let Some(secret) = &front.purchase_secret else {
+        return HttpResponse::NotFound().json(
+            json!({"status": "NOT_FOUND", "error": "purchase tokens are not required here"}),
+        );
+    };
+    let sku = match front.skus.get((activity_id, sku_id)).await {
+        Ok(Some(sku)) => sku,
+        Ok(None) => return no_such_sku(),
+        Err(e) => return unavailable(e.reason()),
+    };
+    let now = Utc::now();
+    if now < sku.start_at {
+        return HttpResponse::Conflict()
+            .json(json!({"status": "NOT_STARTED", "starts_at": sku.start_at}));
+    }
+    if now >= sku.end_at || sku.closed {
+        return HttpResponse::Conflict().json(json!({"status": "SALE_CLOSED"}));
+    }
+    let keys = SkuKeys::new(&front.key_prefix, activity_id, sku_id);
+    let mut redis = front.redis.clone();
+    let max_per_user = front.settings.purchase_token.max_per_user;
+    match commands::count_purchase_token(&mut redis, &keys, user_id, sku.end_at.timestamp_millis())
+        .await
+    {
+        Ok(n) if n > i64::from(max_per_user) => {
+            return HttpResponse::TooManyRequests()
+                .json(json!({"status": "TOO_MANY_TOKENS", "max_per_user": max_per_user}))
+        }
+        Ok(_) => {}
+        Err(e) => {
+            tracing::warn!(error = %e, "Redis purchase-token count failed");
+            return unavailable("reservation store unavailable");
+        }
+    }
+    let ttl_ms = i64::try_from(front.settings.purchase_token.ttl_secs.saturating_mul(1000))
+        .unwrap_or(i64::MAX);
+    let expires_at_ms =
+        (now.timestamp_millis().saturating_add(ttl_ms)).min(sku.end_at.timestamp_millis());
+    let token = purchase_token::issue(
+        secret.expose_secret().as_bytes(),
+        &PurchaseClaims {
+            user_id,
+            activity_id,
+            sku_id,
+            expires_at_ms,
+        },
+    );
+    metrics::counter!(crate::telemetry::names::PURCHASE_TOKENS_TOTAL, "outcome" => "issued")
+        .increment(1);
+    HttpResponse::Ok().json(json!({
+        "token": token,
+        "expires_at": chrono::DateTime::<Utc>::from_timestamp_millis(expires_at_ms),
+    }))
+}
