@@ -10,7 +10,7 @@ use actix_web::dev::Payload;
 use actix_web::{web, FromRequest, HttpRequest, HttpResponse, ResponseError};
 
 use super::answers::unavailable;
-use super::FrontStage;
+use super::state::FrontStage;
 use crate::http::auth::{unauthorized, AuthError};
 use crate::http::limits::{too_many, Limited};
 

@@ -4,21 +4,20 @@
 //! replica's lag (measured every `REPLICA_WATCH_INTERVAL`).
 
 use std::sync::atomic::{AtomicI64, Ordering};
-use std::sync::Weak;
+use std::sync::Arc;
 use std::time::Duration;
 
-use super::FrontStage;
+use crate::config::AmqpSettings;
 use crate::mq::publisher::ConfirmedPublisher;
+use crate::status::Readiness;
 use crate::store::{reads, Pool};
 
 /// How often the front stage checks its own Redis and broker links, and how long a
 /// check may take.
-const LINK_CHECK_INTERVAL: Duration = Duration::from_millis(500);
+pub(super) const LINK_CHECK_INTERVAL: Duration = Duration::from_millis(500);
 const LINK_CHECK_TIMEOUT: Duration = Duration::from_secs(1);
 /// How often the replica's lag is measured.
-const REPLICA_WATCH_INTERVAL: Duration = Duration::from_millis(250);
-/// How often the rate limiters and the SKU cache forget what is no longer needed.
-const SHRINK_INTERVAL: Duration = Duration::from_secs(10);
+pub(super) const REPLICA_WATCH_INTERVAL: Duration = Duration::from_millis(250);
 
 /// `database.replica_url` and how far it lags, as last measured (`watch_replica`).
 pub(super) struct Replica {
@@ -34,22 +33,72 @@ impl Replica {
             lag_ms: AtomicI64::new(i64::MAX),
         }
     }
-}
 
-/// The key of the URL the front stage publishes through.
-pub(super) fn amqp_key(front: &crate::config::FrontstageSettings) -> &'static str {
-    if front.amqp_url.is_some() {
-        "frontstage.amqp_url"
-    } else {
-        "amqp.url"
+    /// Measures the lag once, against `primary`: 0 when the replica has replayed the
+    /// primary's position read just before, else the age of its last replayed
+    /// transaction.
+    pub(super) async fn measure(&self, primary: &Pool) {
+        let measured = async {
+            let position = {
+                let conn = primary.get().await.ok()?;
+                reads::wal_position(&conn.client, false).await.ok()?
+            };
+            let conn = self.pool.get().await.ok()?;
+            let replayed = reads::wal_position(&conn.client, true).await.ok()?;
+            if replayed >= position {
+                return Some(0);
+            }
+            reads::replay_age_ms(&conn.client).await.ok().flatten()
+        };
+        let lag = measured.await.unwrap_or(i64::MAX);
+        self.lag_ms.store(lag, Ordering::Relaxed);
+        metrics::gauge!(crate::telemetry::names::REPLICA_LAG_SECONDS).set(if lag == i64::MAX {
+            f64::INFINITY
+        } else {
+            lag as f64 / 1000.0
+        });
     }
 }
 
-impl FrontStage {
+/// The front stage's Redis connection and broker channel, and where their state is
+/// reported.
+pub(super) struct Links {
+    /// Reconnects by itself after a Redis restart or a dropped connection.
+    pub(super) redis: ::redis::aio::ConnectionManager,
+    amqp: AmqpSettings,
+    /// `frontstage.amqp_url` or `amqp.url`: the key named when the broker refuses.
+    amqp_key: &'static str,
+    /// The confirm channel and its connection, reopened when the broker closed them.
+    publisher: tokio::sync::RwLock<(lapin::Connection, ConfirmedPublisher)>,
+    /// Where the state of the links is reported (`/readyz`).
+    readiness: Arc<Readiness>,
+}
+
+impl Links {
+    /// Opens both links; `amqp.url` is the front stage's own broker URL.
+    pub(super) async fn open(
+        redis: &crate::config::RedisSettings,
+        amqp: AmqpSettings,
+        amqp_key: &'static str,
+        readiness: Arc<Readiness>,
+    ) -> Result<Self, crate::http::HttpError> {
+        let redis = crate::redis::connect_managed(redis).await?;
+        let connection =
+            crate::mq::connect_to(&amqp, &amqp.url, amqp_key, "seckill-frontstage").await?;
+        let publisher = ConfirmedPublisher::open(&connection).await?;
+        Ok(Self {
+            redis,
+            amqp,
+            amqp_key,
+            publisher: tokio::sync::RwLock::new((connection, publisher)),
+            readiness,
+        })
+    }
+
     /// Checks the front stage's own links once and reports them (`/readyz`): Redis
     /// answers a PING, and the broker channel is open (reopened here if it was
     /// closed, so the first buyer after a blip does not pay for it).
-    pub(super) async fn check_links(&self) {
+    pub(super) async fn check(&self) {
         let mut redis = self.redis.clone();
         let redis = match tokio::time::timeout(
             LINK_CHECK_TIMEOUT,
@@ -97,7 +146,7 @@ impl FrontStage {
             current.0 = crate::mq::connect_to(
                 &self.amqp,
                 &self.amqp.url,
-                amqp_key(&self.settings),
+                self.amqp_key,
                 "seckill-frontstage",
             )
             .await?;
@@ -105,63 +154,4 @@ impl FrontStage {
         current.1 = ConfirmedPublisher::open(&current.0).await?;
         Ok(current.1.clone())
     }
-
-    /// Measures the replica's lag once: 0 when it has replayed the primary's
-    /// position read just before, else the age of its last replayed transaction.
-    async fn measure_replica(&self) {
-        let Some(replica) = &self.replica else { return };
-        let measured = async {
-            let primary = {
-                let conn = self.pool.get().await.ok()?;
-                reads::wal_position(&conn.client, false).await.ok()?
-            };
-            let conn = replica.pool.get().await.ok()?;
-            let replayed = reads::wal_position(&conn.client, true).await.ok()?;
-            if replayed >= primary {
-                return Some(0);
-            }
-            reads::replay_age_ms(&conn.client).await.ok().flatten()
-        };
-        let lag = measured.await.unwrap_or(i64::MAX);
-        replica.lag_ms.store(lag, Ordering::Relaxed);
-        metrics::gauge!(crate::telemetry::names::REPLICA_LAG_SECONDS).set(if lag == i64::MAX {
-            f64::INFINITY
-        } else {
-            lag as f64 / 1000.0
-        });
-    }
-}
-
-/// Starts the front stage's watchers on the caller's arbiter; each ends when the
-/// front stage is gone.
-pub(super) fn watch(front: Weak<FrontStage>, replica: bool) {
-    if replica {
-        let front = front.clone();
-        actix_rt::spawn(async move {
-            while let Some(front) = front.upgrade() {
-                front.measure_replica().await;
-                drop(front);
-                tokio::time::sleep(REPLICA_WATCH_INTERVAL).await;
-            }
-        });
-    }
-    let links = front.clone();
-    actix_rt::spawn(async move {
-        loop {
-            tokio::time::sleep(LINK_CHECK_INTERVAL).await;
-            let Some(front) = links.upgrade() else { break };
-            front.check_links().await;
-        }
-    });
-    // The limiters forget keys that have fully recovered and the SKU cache the sales
-    // that ended, so a sale's hundreds of thousands of buyers, and sale after sale,
-    // do not stay in memory.
-    actix_rt::spawn(async move {
-        loop {
-            tokio::time::sleep(SHRINK_INTERVAL).await;
-            let Some(front) = front.upgrade() else { break };
-            front.limits.shrink();
-            front.skus.evict(chrono::Utc::now());
-        }
-    });
 }

@@ -15,7 +15,7 @@ use uuid::Uuid;
 use super::answers::{bad_request, not_found, screaming_snake, unavailable};
 use super::buyer::Reader;
 use super::links::Replica;
-use super::FrontStage;
+use super::state::FrontStage;
 use crate::domain::lsn::Lsn;
 use crate::domain::status::{OrderStatus, ReservationStatus};
 use crate::redis::commands;

@@ -10,7 +10,7 @@ use serde_json::json;
 
 use super::answers::{no_such_sku, unavailable};
 use super::buyer::Buyer;
-use super::FrontStage;
+use super::state::FrontStage;
 use crate::domain::purchase_token::{self, InvalidToken, PurchaseClaims};
 use crate::redis::commands;
 use crate::redis::keys::SkuKeys;

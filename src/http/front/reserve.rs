@@ -14,7 +14,7 @@ use uuid::Uuid;
 use super::answers::{accepted, bad_request, conflict, no_such_sku, unavailable};
 use super::buyer::Buyer;
 use super::purchase_token::check_purchase_token;
-use super::FrontStage;
+use super::state::FrontStage;
 use crate::domain::ids::order_no;
 use crate::domain::message::OrderCreateMessage;
 use crate::domain::shard::shard_for;
@@ -293,7 +293,7 @@ async fn publish(front: &FrontStage, msg: &OrderCreateMessage) -> Result<(), Pub
     // Reopening the channel (and the connection) after a broker blip is bounded like
     // the publish itself: a broker that does not answer is a 503, not a request
     // that hangs.
-    let publisher = match tokio::time::timeout(PUBLISH_TIMEOUT, front.publisher()).await {
+    let publisher = match tokio::time::timeout(PUBLISH_TIMEOUT, front.links.publisher()).await {
         Ok(publisher) => publisher.map_err(|e| Published::NotQueued(e.to_string()))?,
         Err(_) => {
             return Err(Published::NotQueued(

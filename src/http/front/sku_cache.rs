@@ -291,7 +291,11 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(10)).await;
         let answers = five_hundred_at_once(&cache).await;
         assert!(answers.iter().all(|a| matches!(a, Ok(Some(_)))));
-        assert_eq!(reads.load(Ordering::SeqCst), 2, "one refresh for 500 requests");
+        assert_eq!(
+            reads.load(Ordering::SeqCst),
+            2,
+            "one refresh for 500 requests"
+        );
         assert!(
             cache.state().flights.contains_key(&(1, 1)),
             "the refresh is still held: nobody waited for it"
@@ -301,7 +305,10 @@ mod tests {
         while cache.state().flights.contains_key(&(1, 1)) && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
-        assert!(!cache.state().flights.contains_key(&(1, 1)), "the refresh ended");
+        assert!(
+            !cache.state().flights.contains_key(&(1, 1)),
+            "the refresh ended"
+        );
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,110 @@
+//! What the front stage's handlers share (`FrontStage`), and how it is built from
+//! the settings: its links, its SKU cache, its limits and the engine's id generator.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures_util::FutureExt;
+
+use super::links::{Links, Replica};
+use super::sku_cache::{Loader, SkuCache, SkuUnavailable};
+use crate::config::{FrontstageSettings, Settings};
+use crate::domain::ids::IdGenerator;
+use crate::http::auth::Authenticator;
+use crate::http::limits::Limits;
+use crate::http::HttpError;
+use crate::mq::topology::Names;
+use crate::status::Readiness;
+use crate::store::{reads, Pool};
+
+/// What the handlers share.
+pub(super) struct FrontStage {
+    pub(super) pool: Pool,
+    /// Reconnects by itself after a Redis restart or a dropped connection.
+    pub(super) redis: ::redis::aio::ConnectionManager,
+    pub(super) links: Links,
+    pub(super) key_prefix: String,
+    pub(super) names: Names,
+    pub(super) shards: u16,
+    pub(super) ids: Arc<IdGenerator>,
+    pub(super) settings: FrontstageSettings,
+    pub(super) marker_ttl_secs: u64,
+    pub(super) skus: Arc<SkuCache>,
+    pub(super) auth: Authenticator,
+    pub(super) limits: Limits,
+    /// `frontstage.purchase_token.secret` when tokens are required.
+    pub(super) purchase_secret: Option<secrecy::SecretString>,
+    pub(super) replica: Option<Replica>,
+    pub(super) replica_max_lag_ms: i64,
+}
+
+/// Reads a SKU through the front stage's own pool.
+fn sku_loader(pool: Pool) -> Loader {
+    Arc::new(move |(activity_id, sku_id)| {
+        let pool = pool.clone();
+        async move {
+            let conn = pool.get().await.map_err(|_| SkuUnavailable::Busy)?;
+            reads::load_sku(&conn.client, activity_id, sku_id)
+                .await
+                .map_err(|_| SkuUnavailable::Down)
+        }
+        .boxed()
+    })
+}
+
+/// `frontstage.purchase_token.secret` when tokens are required; refused without it.
+fn purchase_secret(settings: &Settings) -> Result<Option<secrecy::SecretString>, HttpError> {
+    let tokens = &settings.frontstage.purchase_token;
+    match (&tokens.secret, tokens.required) {
+        (Some(secret), true) => Ok(Some(secret.clone())),
+        (None, true) => Err(HttpError::Config {
+            key: "frontstage.purchase_token.secret",
+            reason: "frontstage.purchase_token.required needs it (at least 32 bytes, shared by every front-stage instance, through SECKILL__FRONTSTAGE__PURCHASE_TOKEN__SECRET)".into(),
+        }),
+        (_, false) => Ok(None),
+    }
+}
+
+impl FrontStage {
+    pub(super) async fn connect(
+        settings: &Settings,
+        pool: Pool,
+        ids: Arc<IdGenerator>,
+        readiness: Arc<Readiness>,
+    ) -> Result<Self, HttpError> {
+        let auth = Authenticator::new(&settings.frontstage.auth, &settings.http.addr)?;
+        let purchase_secret = purchase_secret(settings)?;
+        let replica = crate::store::build_replica_pool(&settings.database)?.map(Replica::new);
+        // Its own broker user when one is configured: write on the order exchange only.
+        let mut amqp = settings.amqp.clone();
+        let amqp_key = match &settings.frontstage.amqp_url {
+            Some(url) => {
+                amqp.url = url.clone();
+                "frontstage.amqp_url"
+            }
+            None => "amqp.url",
+        };
+        let links = Links::open(&settings.redis, amqp, amqp_key, readiness).await?;
+        Ok(Self {
+            skus: SkuCache::new(
+                sku_loader(pool.clone()),
+                Duration::from_millis(settings.frontstage.sold_out_recheck_ms),
+            ),
+            pool,
+            redis: links.redis.clone(),
+            links,
+            key_prefix: settings.redis.key_prefix.clone(),
+            names: Names::new(&settings.amqp.namespace),
+            shards: settings.amqp.shards,
+            ids,
+            settings: settings.frontstage.clone(),
+            marker_ttl_secs: settings.compensation.released_marker_ttl_secs,
+            auth,
+            limits: Limits::new(&settings.frontstage.rate_limit),
+            purchase_secret,
+            replica,
+            replica_max_lag_ms: i64::try_from(settings.database.replica_max_lag_ms)
+                .unwrap_or(i64::MAX),
+        })
+    }
+}
