@@ -94,8 +94,11 @@ pub fn verify(
     Ok(claims)
 }
 
+/// The tag as `issue` writes it: 64 lowercase hex digits, nothing else. Anything
+/// else (`+3` for `03`, upper case) is refused: a token has one encoding, so a
+/// token seen once cannot be presented again as a different string.
 fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    if hex.len() != 64 || !hex.is_ascii() {
+    if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
         return None;
     }
     (0..hex.len())
@@ -116,6 +119,42 @@ mod tests {
             activity_id: 7,
             sku_id: 1,
             expires_at_ms: 2_000,
+        }
+    }
+
+    #[test]
+    fn only_the_canonical_encoding_of_a_tag_is_accepted() {
+        // The first expiry whose tag has a byte below 0x10 (about one tag in nine
+        // has none), so that `0x` can be written `+x`.
+        let (token, zero_pair) = (2_000..)
+            .map(|expires_at_ms| {
+                let token = issue(
+                    SECRET,
+                    &PurchaseClaims {
+                        expires_at_ms,
+                        ..claims()
+                    },
+                );
+                let hex = token.rsplit_once('.').unwrap().1.to_owned();
+                (
+                    token,
+                    (0..hex.len())
+                        .step_by(2)
+                        .find(|i| hex[*i..].starts_with('0')),
+                )
+            })
+            .find_map(|(token, pair)| pair.map(|p| (token, p)))
+            .unwrap();
+        let (payload, hex) = token.rsplit_once('.').unwrap();
+        let mut plus = hex.to_owned();
+        plus.replace_range(zero_pair..zero_pair + 1, "+");
+        for other in [plus, hex.to_uppercase()] {
+            assert_ne!(other, hex);
+            assert_eq!(
+                verify(SECRET, &format!("{payload}.{other}"), (42, 7, 1), 0),
+                Err(InvalidToken::Malformed),
+                "{other}"
+            );
         }
     }
 
