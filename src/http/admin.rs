@@ -39,6 +39,7 @@ pub async fn start(
         readiness: readiness.clone(),
         intakes: intakes.clone(),
         inbox_window: settings.retention.inbox_window(),
+        refusals: Default::default(),
     });
     let state = web::Data::new(Admin {
         pool,
@@ -51,6 +52,7 @@ pub async fn start(
     crate::telemetry::metrics();
     let server = HttpServer::new(move || {
         App::new()
+            .wrap(security_headers())
             .app_data(state.clone())
             .app_data(operations.clone())
             .app_data(web::JsonConfig::default().limit(4096))
@@ -71,6 +73,21 @@ pub async fn start(
         server: server.run(),
         addr,
     })
+}
+
+/// Headers on every admin answer: never framed (clickjacking the pause button), no
+/// MIME sniffing, no referrer, and a policy that loads nothing; the live page sets a
+/// policy of its own that runs its one script (`live_page`).
+fn security_headers() -> actix_web::middleware::DefaultHeaders {
+    use actix_web::http::header;
+    actix_web::middleware::DefaultHeaders::new()
+        .add((header::X_FRAME_OPTIONS, "DENY"))
+        .add((header::X_CONTENT_TYPE_OPTIONS, "nosniff"))
+        .add((header::REFERRER_POLICY, "no-referrer"))
+        .add((
+            header::CONTENT_SECURITY_POLICY,
+            "default-src 'none'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'",
+        ))
 }
 
 /// Every part that reports readiness, each "ok" or its reason; whether all are ok.
@@ -197,10 +214,20 @@ async fn live_page(admin: web::Data<Admin>, req: actix_web::HttpRequest) -> Http
     } else {
         None
     };
+    // A fresh nonce per answer: only the page's own script runs, never one injected
+    // through data it shows. Its styles include the bars' inline widths.
+    let nonce = format!("{:032x}", rand::random::<u128>());
     HttpResponse::Ok()
         .content_type("text/html; charset=utf-8")
         .insert_header((actix_web::http::header::CACHE_CONTROL, "no-store"))
-        .body(super::live_page::page(status.as_ref()))
+        .insert_header((
+            actix_web::http::header::CONTENT_SECURITY_POLICY,
+            format!(
+                "default-src 'none'; script-src 'nonce-{nonce}'; style-src 'unsafe-inline'; \
+                 connect-src 'self'; frame-ancestors 'none'; base-uri 'none'; form-action 'none'"
+            ),
+        ))
+        .body(super::live_page::page(status.as_ref(), &nonce))
 }
 
 /// What the live page polls (behind `admin.metrics_token` when it is set).

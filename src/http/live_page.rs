@@ -89,7 +89,8 @@ pub fn sales(buckets: Vec<crate::store::health::LiveBucket>) -> Vec<Sale> {
 
 /// The page. `status` is `None` when `/status` needs a token the page's reader
 /// must type in first (`admin.metrics_token`).
-pub fn page(status: Option<&Status>) -> String {
+/// The page, its script carrying `nonce` (the answer's Content-Security-Policy).
+pub fn page(status: Option<&Status>, nonce: &str) -> String {
     let body = match status {
         Some(status) => render(status),
         None => "<p class=\"muted\">Enter the metrics token to see the sale.</p>".to_owned(),
@@ -99,7 +100,9 @@ pub fn page(status: Option<&Status>) -> String {
         Some(json) => json.replace("</", "<\\/"),
         None => "null".to_owned(),
     };
+    // The nonce first: the data inserted after it cannot turn into one.
     TEMPLATE
+        .replace("{{NONCE}}", nonce)
         .replace("{{BODY}}", &body)
         .replace(
             "{{TOKEN_NEEDED}}",
@@ -255,7 +258,8 @@ mod tests {
 
     #[test]
     fn the_page_shows_each_sale_and_escapes_what_it_prints() {
-        let html = page(Some(&status()));
+        let html = page(Some(&status()), "n0nce");
+        assert!(html.contains("<script nonce=\"n0nce\">"));
         assert!(html.contains("<span id=\"sold-7-1\">2</span>"), "{html}");
         assert!(
             html.contains("<span id=\"available-7-1\">8</span>"),
@@ -270,7 +274,7 @@ mod tests {
 
     #[test]
     fn without_the_token_the_page_shows_no_numbers() {
-        let html = page(None);
+        let html = page(None, "n0nce");
         assert!(html.contains("Enter the metrics token"), "{html}");
         assert!(html.contains("const INITIAL = null"), "{html}");
     }

@@ -33,6 +33,44 @@ pub struct Operations {
     pub intakes: Arc<IntakeStats>,
     /// `retention.inbox_secs`: a DLQ replay refuses older messages unless forced.
     pub inbox_window: std::time::Duration,
+    /// Refused requests, logged at most once a second.
+    pub refusals: RefusalLog,
+}
+
+/// Refused admin requests as log lines: at most one a second, saying how many were
+/// refused since the last one, so a probe with a wrong token (thousands of requests)
+/// is a handful of lines, not thousands.
+#[derive(Debug, Default)]
+pub struct RefusalLog {
+    state: std::sync::Mutex<RefusalState>,
+}
+
+#[derive(Debug, Default)]
+struct RefusalState {
+    logged_at: Option<std::time::Instant>,
+    unlogged: u64,
+}
+
+impl RefusalLog {
+    const EVERY: std::time::Duration = std::time::Duration::from_secs(1);
+
+    /// Counts one refusal at `now`; the count to log now (this one and those not
+    /// logged before it), or `None` within a second of the last line.
+    fn note(&self, now: std::time::Instant) -> Option<u64> {
+        let mut state = self
+            .state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        state.unlogged += 1;
+        if state
+            .logged_at
+            .is_some_and(|at| now.saturating_duration_since(at) < Self::EVERY)
+        {
+            return None;
+        }
+        state.logged_at = Some(now);
+        Some(std::mem::take(&mut state.unlogged))
+    }
 }
 
 /// Rows or messages listed per request unless `?limit=` says otherwise.
@@ -88,7 +126,9 @@ fn authorize(req: &HttpRequest, ops: &Operations) -> Result<Operator, Refused> {
         return Err(Refused::Off);
     };
     if !bearer_is(req, token) {
-        tracing::warn!(peer = ?req.peer_addr(), path = req.path(), "admin request refused: bad or missing token");
+        if let Some(refused) = ops.refusals.note(std::time::Instant::now()) {
+            tracing::warn!(peer = ?req.peer_addr(), path = req.path(), refused, "admin requests refused: bad or missing token (the last one's peer and path)");
+        }
         return Err(Refused::BadToken);
     }
     let name = req

@@ -556,3 +556,45 @@ async fn maintain_over_the_operator_api_refuses_a_live_sale_and_vacuums_after_it
     engine.stop().await;
     env.cleanup().await;
 }
+
+#[actix_rt::test]
+async fn admin_answers_are_never_framed_and_the_live_page_runs_only_its_own_script() {
+    let env = TestEnv::with(with_token).await;
+    let (engine, handle, api) = start(&env.settings).await;
+    let mut nonces = Vec::new();
+    for path in ["/", "/", "/readyz", "/livez", "/admin/dlq"] {
+        let resp = api
+            .client
+            .get(format!("{}{path}", api.base))
+            .send()
+            .await
+            .expect("admin request");
+        let header = |name: &str| {
+            resp.headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .unwrap_or_default()
+                .to_owned()
+        };
+        assert_eq!(header("x-frame-options"), "DENY", "{path}");
+        assert_eq!(header("x-content-type-options"), "nosniff", "{path}");
+        let csp = header("content-security-policy");
+        assert!(csp.contains("frame-ancestors 'none'"), "{path}: {csp}");
+        if path == "/" {
+            let nonce = csp
+                .split("script-src 'nonce-")
+                .nth(1)
+                .and_then(|rest| rest.split('\'').next())
+                .unwrap_or_else(|| panic!("the live page names its script's nonce: {csp}"))
+                .to_owned();
+            assert!(nonce.len() >= 32, "{nonce}");
+            nonces.push(nonce);
+        } else {
+            assert!(csp.starts_with("default-src 'none'"), "{path}: {csp}");
+        }
+    }
+    assert_ne!(nonces[0], nonces[1], "a fresh nonce per answer");
+    handle.stop(true).await;
+    engine.stop().await;
+    env.cleanup().await;
+}
