@@ -658,17 +658,14 @@ async fn reshard(settings: &Settings, shards: u16) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Every bucket's drift between Redis and PostgreSQL (`services::drift`).
+/// Every bucket's drift between Redis and PostgreSQL (`crate::drift`).
 async fn redis_drift(
     settings: &Settings,
     client: &tokio_postgres::Client,
     activity: Option<i64>,
-) -> anyhow::Result<Vec<crate::services::drift::BucketDrift>> {
+) -> anyhow::Result<Vec<crate::drift::BucketDrift>> {
     let mut redis = crate::redis::connect(&settings.redis)
         .await
         .context("connecting to Redis")?;
-    Ok(
-        crate::services::drift::measure(client, &mut redis, &settings.redis.key_prefix, activity)
-            .await?,
-    )
+    Ok(crate::drift::measure(client, &mut redis, &settings.redis.key_prefix, activity).await?)
 }

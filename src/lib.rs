@@ -5,6 +5,7 @@ pub mod actors;
 pub mod commands;
 pub mod config;
 pub mod domain;
+pub mod drift;
 pub mod engine;
 pub mod failpoints;
 pub mod http;

@@ -8,7 +8,7 @@
 //! itself happens once per reservation (the script's marker).
 //!
 //! Each pass also measures Redis drift for the SKUs of the live sales
-//! (`services::drift`, `seckill_redis_drift_units`).
+//! (`crate::drift`, `seckill_redis_drift_units`).
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -129,7 +129,7 @@ impl Service for Reconciler {
             let mut drift = Vec::new();
             for activity in crate::store::health::live_activities(&conn.client).await? {
                 drift.extend(
-                    super::drift::measure(
+                    crate::drift::measure(
                         &conn.client,
                         &mut redis,
                         &inner.redis.key_prefix,
@@ -140,7 +140,7 @@ impl Service for Reconciler {
             }
             crate::telemetry::sampled::replace(
                 crate::telemetry::names::REDIS_DRIFT_UNITS,
-                super::drift::per_sku(&drift)
+                crate::drift::per_sku(&drift)
                     .into_iter()
                     .map(|((activity, sku), drift)| {
                         crate::telemetry::sampled::Series::new(
