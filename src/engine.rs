@@ -584,21 +584,6 @@ pub fn background_services(
         let conservation = Duration::from_millis(settings.telemetry.conservation_interval_ms);
         child(move || GaugeSampler::new(pool.clone(), amqp.clone(), interval, conservation))
     };
-    let reconciler = {
-        let (pool, redis) = (pool.clone(), settings.redis.clone());
-        let interval = Duration::from_millis(settings.frontstage.reconcile_interval_ms);
-        let marker_ttl = settings.compensation.released_marker_ttl_secs;
-        let reservation_ttl = Duration::from_millis(settings.frontstage.reservation_ttl_ms);
-        child(move || {
-            Reconciler::new(
-                pool.clone(),
-                redis.clone(),
-                interval,
-                marker_ttl,
-                reservation_ttl,
-            )
-        })
-    };
     Supervisor::new(
         Duration::from_millis(settings.supervisor.restart_base_ms),
         Duration::from_millis(settings.supervisor.restart_max_ms),
@@ -606,9 +591,26 @@ pub fn background_services(
     .child(OutboxPublisher::NAME, outbox)
     .child(Sweeper::NAME, sweeper)
     .child(CompensationWorker::NAME, compensation)
-    .child(Reconciler::NAME, reconciler)
+    .child(Reconciler::NAME, reconciler(settings, pool))
     .child(Retention::NAME, retention)
     .child(GaugeSampler::NAME, gauges)
+}
+
+/// The reconciler of Redis reservations past their TTL (each pass also samples the drift).
+fn reconciler(settings: &Settings, pool: &Pool) -> ChildFactory {
+    let (pool, redis) = (pool.clone(), settings.redis.clone());
+    let interval = Duration::from_millis(settings.frontstage.reconcile_interval_ms);
+    let marker_ttl = settings.compensation.released_marker_ttl_secs;
+    let reservation_ttl = Duration::from_millis(settings.frontstage.reservation_ttl_ms);
+    child(move || {
+        Reconciler::new(
+            pool.clone(),
+            redis.clone(),
+            interval,
+            marker_ttl,
+            reservation_ttl,
+        )
+    })
 }
 
 /// A supervisor child that runs a fresh service from `make` on every (re)start.
