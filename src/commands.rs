@@ -10,7 +10,6 @@ use clap::{Args, Parser, Subcommand};
 
 use crate::config::{self, Settings};
 use crate::domain::shard::SHARD_FUNCTION_VERSION;
-use crate::engine::Engine;
 use crate::redis::commands as redis_commands;
 use crate::redis::keys::SkuKeys;
 use crate::store::activity::{create_activity, ActivitySpec};
@@ -171,44 +170,14 @@ async fn serve(settings: Settings) -> anyhow::Result<ExitCode> {
     // Handlers first: a signal that arrives while the engine starts is not lost.
     let mut term = signal(SignalKind::terminate()).context("installing SIGTERM handler")?;
     let mut int = signal(SignalKind::interrupt()).context("installing SIGINT handler")?;
-    let engine = Engine::start(&settings)
-        .await
-        .context("starting the engine")?;
-    // The front stage reads through a small pool of its own: a flood of status
-    // reads or unknown SKUs waits there and never for the order transactions'
-    // connections.
-    let front_pool = {
-        let mut db = settings.database.clone();
-        db.pool_size = settings.frontstage.db_pool_size;
-        store::build_pool(&db).context("the front stage's pool")?
-    };
-    let front = crate::http::front::start(&settings, front_pool, engine.ids(), engine.readiness())
-        .await
-        .context("starting the front stage")?;
-    let http = front.server.handle();
-    actix_rt::spawn(front.server);
-    let admin = crate::http::admin::start(
-        &settings,
-        engine.pool().clone(),
-        engine.intake_stats(),
-        engine.readiness(),
-    )
-    .await
-    .context("starting the admin endpoints")?;
-    let admin_handle = admin.server.handle();
-    actix_rt::spawn(admin.server);
+    let served = crate::startup::start(&settings).await?;
     tokio::select! {
         _ = term.recv() => {}
         _ = int.recv() => {}
     }
     tracing::info!("signal received, stopping");
-    let drain = async {
-        http.stop(true).await;
-        admin_handle.stop(true).await;
-        engine.stop().await;
-    };
     tokio::select! {
-        _ = drain => Ok(ExitCode::SUCCESS),
+        _ = crate::startup::drain(served) => Ok(ExitCode::SUCCESS),
         // Still safe: whatever is unacked is redelivered, and the inbox answers it.
         _ = async { tokio::select! { _ = term.recv() => {} _ = int.recv() => {} } } => {
             tracing::warn!("second signal: exiting without waiting; unsettled deliveries will be redelivered");

@@ -12,6 +12,7 @@ pub mod http;
 pub mod mq;
 pub mod redis;
 pub mod services;
+pub mod startup;
 pub mod status;
 pub mod store;
 pub mod telemetry;
