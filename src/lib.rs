@@ -2,7 +2,7 @@
 //! See DESIGN.md for the promises and the topology; `main.rs` only wires the CLI.
 
 pub mod actors;
-pub mod commands;
+pub mod cli;
 pub mod config;
 pub mod domain;
 pub mod drift;
