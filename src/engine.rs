@@ -1,9 +1,11 @@
-//! Builds the running engine from the settings: pool, schema check, AMQP topology, the
-//! actors, and the supervisor of the long-lived children: one intake per owned shard,
-//! the payment intake, and the background services. Must be started inside an actix `System`; the pool and the
-//! AMQP connection are created on the calling (System) arbiter, which lives as long as
-//! the engine.
-
+//! Builds the running engine from the settings, in phases (`Engine::start` reads as
+//! their list): the pipeline lanes and the pool, the schema and shard layout check, the
+//! node id lease, the AMQP topology, the pipeline actors, the readiness flag, and the
+//! supervisor of the long-lived children: the background services, the monitors, one
+//! intake per owned shard and the payment intake. Must be started inside an actix
+//! `System`; the pool and the AMQP connection are created on the calling (System)
+//! arbiter, which lives as long as the engine. The listeners beside it are started by
+//! `startup`.
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,7 +15,7 @@ use uuid::Uuid;
 use crate::actors::bucket::BucketShared;
 use crate::actors::db_permits::DbPermits;
 use crate::actors::intake::{Intake, IntakeConfig, IntakeWork, OrderWork, PaymentWork};
-use crate::actors::lanes::{self, Lanes};
+use crate::actors::lanes::{self, LaneRouter, Lanes};
 use crate::config::Settings;
 use crate::domain::ids::IdGenerator;
 use crate::domain::shard::SHARD_FUNCTION_VERSION;
@@ -92,194 +94,33 @@ pub struct Engine {
 }
 
 impl Engine {
+    /// Starts the engine phase by phase; each phase fails fast with what it found,
+    /// before the next one depends on it.
     pub async fn start(settings: &Settings) -> Result<Engine, EngineError> {
-        crate::telemetry::trace::follow_always(&settings.telemetry.trace_activities);
-        if settings.retention.inbox_secs < 86_400 {
-            // Allowed (tests use seconds), but a redelivery or replay older than this
-            // is no longer answered by the inbox (docs/OPERATIONS.md, "Retention").
-            tracing::warn!(
-                inbox_secs = settings.retention.inbox_secs,
-                "retention.inbox_secs is under a day"
-            );
-        }
+        follow_settings(settings);
         let lanes = Lanes::start(lanes::threads(settings.engine.pipeline_threads)).await;
+        // Its connections are opened and driven on the lanes' runtimes, in turn.
         let pool = build_pool_on(&settings.database, lanes.runtimes())?;
-        let postgres_problem = {
-            // A server that refuses every connection (a certificate the CA did not
-            // sign, a wrong password) shows as a pool timeout: say why instead.
-            let mut conn = pool
-                .get()
-                .await
-                .map_err(|e| match (e, pool.connect_error()) {
-                    (StoreError::PoolTimeout, Some(why)) => StoreError::NotOpened(why),
-                    (e, _) => e,
-                })?;
-            migrate::verify(&mut conn.client).await?;
-            let ours = ShardLayout {
-                shard_function: SHARD_FUNCTION_VERSION,
-                shards: settings.amqp.shards,
-            };
-            let recorded = topology::record_or_read(&conn.client, ours)
-                .await
-                .map_err(StoreError::Db)?;
-            if recorded != ours {
-                return Err(EngineError::ShardLayout { ours, recorded });
-            }
-            // What an acknowledged order's durability rests on (seed §14.3).
-            let state = primary::primary_state(&conn.client).await?;
-            tracing::info!(
-                durability = %state.describe(),
-                require_sync_standby = settings.database.require_sync_standby,
-                "connected to the primary"
-            );
-            state.problem(
-                settings.database.require_sync_standby,
-                settings.database.commit_stall(),
-            )
-        };
+        let postgres_problem = check_postgres(&pool, settings).await?;
         let holder = Holder {
             id: Uuid::new_v4(),
             name: holder_name(settings),
         };
-        let lease_ttl = Duration::from_millis(settings.engine.node_lease_ttl_ms);
-        let ids = lease_node_id(&pool, settings, &holder, lease_ttl).await?;
-
-        // Fail fast on a broker that is unreachable or refuses our topology; the
-        // intakes declare it again whenever they (re)connect.
-        let amqp = mq::connect(&settings.amqp, "seckill-engine-setup").await?;
-        let setup = amqp.create_channel().await?;
-        declare_topology(&setup, &settings.amqp).await?;
-        mq::close(&amqp, &[&setup]).await;
-        let names = Names::new(&settings.amqp.namespace);
-
-        let permits = DbPermits::new(settings.db_permits()).start();
-        let shared = Arc::new(BucketShared {
-            pool: pool.clone(),
-            ids: ids.clone(),
-            consumer_group: settings.amqp.consumer_group.clone(),
-            lock_timeout: format!("{}ms", settings.database.lock_timeout_ms),
-            statement_timeout: format!("{}ms", settings.database.statement_timeout_ms),
-            max_attempts: settings.database.tx_max_attempts,
-            batch_max_size: settings.engine.batch_max_size as usize,
-            pipeline: settings.engine.bucket_pipeline as usize,
-            tx_slots: tokio::sync::Semaphore::new(settings.engine.order_transactions as usize),
-            speculation: Default::default(),
-        });
-        let router = lanes.start_pipeline(shared);
-
+        let ids = lease_node_id(&pool, settings, &holder, lease_ttl(settings)).await?;
+        let names = declare_broker_topology(settings).await?;
+        let (permits, router) = start_pipeline(settings, &pool, &ids, &lanes);
         let stats = Arc::new(IntakeStats::default());
-        let readiness = Arc::new(Readiness::default());
-        readiness.watch_minting(ids.clone());
-        // Not ready from the start when the primary cannot take orders (the
-        // monitor clears it once it can).
-        if let Some(problem) = postgres_problem {
-            tracing::warn!(postgres = %problem, "not ready; intakes wait");
-            readiness.set_ready(false);
-            readiness.set_postgres(Some(problem));
-        }
-        // Shards by lease rank unless listed by hand; the ranks as of now.
-        readiness
-            .shards()
-            .steer(settings.amqp.owned_shards.is_empty());
-        {
-            let conn = pool.get().await?;
-            let window = LIVE_WINDOW.min(lease_ttl);
-            let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
-            let live = node_lease::live_node_ids(&conn.client, window_ms)
-                .await
-                .map_err(StoreError::Db)?;
-            let (peers, rank) = node_lease::rank_of(&live, ids.node_id());
-            readiness.shards().set_peers(peers, rank);
-        }
-        let mut supervisor = background_services(settings, &pool, stats.clone(), ids.clone())
-            .child(NodeLeaseKeeper::NAME, {
-                let (pool, ids, holder) = (pool.clone(), ids.clone(), holder.clone());
-                let readiness = readiness.clone();
-                child(move || {
-                    NodeLeaseKeeper::new(
-                        pool.clone(),
-                        ids.clone(),
-                        holder.clone(),
-                        lease_ttl,
-                        readiness.clone(),
-                    )
-                })
-            })
-            .child(ReadinessMonitor::NAME, {
-                let (pool, database, redis, readiness) = (
-                    pool.clone(),
-                    settings.database.clone(),
-                    settings.redis.clone(),
-                    readiness.clone(),
-                );
-                child(move || {
-                    ReadinessMonitor::new(
-                        pool.clone(),
-                        database.clone(),
-                        redis.clone(),
-                        readiness.clone(),
-                        Duration::from_secs(1),
-                    )
-                })
-            });
+        let readiness = initial_readiness(settings, &pool, &ids, postgres_problem).await?;
+        let supervisor = background_services(settings, &pool, stats.clone(), ids.clone());
+        let supervisor = with_monitors(supervisor, settings, &pool, &ids, &holder, &readiness);
         let intake = IntakeStarter {
             settings,
             permits: &permits,
             stats: &stats,
             readiness: &readiness,
         };
-        // The intakes in turn over the lanes: shard s on lane s mod lanes, which is
-        // where its buckets are whenever the lanes divide the shards.
-        let owned = settings.owned_shards();
-        for shard in owned.iter().copied() {
-            let queue: Arc<str> = names.order_queue(shard).into();
-            let work = OrderWork {
-                lanes: router.clone(),
-                topic: queue.clone(),
-            };
-            supervisor = supervisor.child(
-                format!("intake:{queue}"),
-                intake.child(
-                    lanes.arbiter(usize::from(shard)),
-                    queue,
-                    Some(shard),
-                    names.order_retry_queue(shard),
-                    names.order_dead_queue(),
-                    work,
-                ),
-            );
-        }
-        let payment_queue: Arc<str> = names.payment_queue().into();
-        let work = PaymentWork {
-            pool: pool.clone(),
-            consumer_group: settings.payment.consumer_group.as_str().into(),
-            topic: payment_queue.clone(),
-        };
-        supervisor = supervisor.child(
-            format!("intake:{payment_queue}"),
-            intake.child(
-                lanes.arbiter(owned.len()),
-                payment_queue,
-                None,
-                names.payment_retry_queue(),
-                names.payment_dead_queue(),
-                work,
-            ),
-        );
-        let intakes = settings.owned_shards().len() + 1;
-        let supervisor = supervisor.start();
-        // Ready means consuming: wait for every intake's first connection.
-        let deadline = std::time::Instant::now() + Duration::from_secs(15);
-        while stats.consuming() < intakes {
-            if std::time::Instant::now() > deadline {
-                supervisor.do_send(Shutdown);
-                return Err(EngineError::NotConsuming {
-                    consuming: stats.consuming(),
-                    expected: intakes,
-                });
-            }
-            actix_rt::time::sleep(Duration::from_millis(10)).await;
-        }
+        let supervisor = with_intakes(supervisor, &intake, &lanes, &names, router, &pool).start();
+        wait_consuming(&supervisor, &stats, settings.owned_shards().len() + 1).await?;
         tracing::info!(
             node_id = ids.node_id(),
             shards = ?settings.owned_shards(),
@@ -347,6 +188,244 @@ impl Engine {
             );
         }
     }
+}
+
+/// The tracing the settings ask for, and a warning about a setting that weakens a
+/// promise: both before anything runs, so the first orders are traced and logged.
+fn follow_settings(settings: &Settings) {
+    crate::telemetry::trace::follow_always(&settings.telemetry.trace_activities);
+    if settings.retention.inbox_secs < 86_400 {
+        // Allowed (tests use seconds), but a redelivery or replay older than this
+        // is no longer answered by the inbox (docs/OPERATIONS.md, "Retention").
+        tracing::warn!(
+            inbox_secs = settings.retention.inbox_secs,
+            "retention.inbox_secs is under a day"
+        );
+    }
+}
+
+/// The node id lease's time to live (`engine.node_lease_ttl_ms`).
+fn lease_ttl(settings: &Settings) -> Duration {
+    Duration::from_millis(settings.engine.node_lease_ttl_ms)
+}
+
+/// Refuses a database whose schema or shard layout is not ours; returns why the
+/// primary cannot take orders yet, if it cannot (the engine then starts not ready).
+async fn check_postgres(pool: &Pool, settings: &Settings) -> Result<Option<String>, EngineError> {
+    // A server that refuses every connection (a certificate the CA did not
+    // sign, a wrong password) shows as a pool timeout: say why instead.
+    let mut conn = pool
+        .get()
+        .await
+        .map_err(|e| match (e, pool.connect_error()) {
+            (StoreError::PoolTimeout, Some(why)) => StoreError::NotOpened(why),
+            (e, _) => e,
+        })?;
+    migrate::verify(&mut conn.client).await?;
+    let ours = ShardLayout {
+        shard_function: SHARD_FUNCTION_VERSION,
+        shards: settings.amqp.shards,
+    };
+    let recorded = topology::record_or_read(&conn.client, ours)
+        .await
+        .map_err(StoreError::Db)?;
+    if recorded != ours {
+        return Err(EngineError::ShardLayout { ours, recorded });
+    }
+    // What an acknowledged order's durability rests on (seed §14.3).
+    let state = primary::primary_state(&conn.client).await?;
+    tracing::info!(
+        durability = %state.describe(),
+        require_sync_standby = settings.database.require_sync_standby,
+        "connected to the primary"
+    );
+    Ok(state.problem(
+        settings.database.require_sync_standby,
+        settings.database.commit_stall(),
+    ))
+}
+
+/// Fails fast on a broker that is unreachable or refuses our topology; the intakes
+/// declare it again whenever they (re)connect.
+async fn declare_broker_topology(settings: &Settings) -> Result<Names, EngineError> {
+    let amqp = mq::connect(&settings.amqp, "seckill-engine-setup").await?;
+    let setup = amqp.create_channel().await?;
+    declare_topology(&setup, &settings.amqp).await?;
+    mq::close(&amqp, &[&setup]).await;
+    Ok(Names::new(&settings.amqp.namespace))
+}
+
+/// The order pipeline on the lanes: the DB permits, and the bucket and reservation
+/// actors every order intake hands its deliveries to (through the router).
+fn start_pipeline(
+    settings: &Settings,
+    pool: &Pool,
+    ids: &Arc<IdGenerator>,
+    lanes: &Lanes,
+) -> (Addr<DbPermits>, LaneRouter) {
+    let permits = DbPermits::new(settings.db_permits()).start();
+    let shared = Arc::new(BucketShared {
+        pool: pool.clone(),
+        ids: ids.clone(),
+        consumer_group: settings.amqp.consumer_group.clone(),
+        lock_timeout: format!("{}ms", settings.database.lock_timeout_ms),
+        statement_timeout: format!("{}ms", settings.database.statement_timeout_ms),
+        max_attempts: settings.database.tx_max_attempts,
+        batch_max_size: settings.engine.batch_max_size as usize,
+        pipeline: settings.engine.bucket_pipeline as usize,
+        tx_slots: tokio::sync::Semaphore::new(settings.engine.order_transactions as usize),
+        speculation: Default::default(),
+    });
+    let router = lanes.start_pipeline(shared);
+    (permits, router)
+}
+
+/// The readiness flag as the engine starts: what the primary allows and which
+/// shards this node ranks for among the live ones, before any intake consults it.
+async fn initial_readiness(
+    settings: &Settings,
+    pool: &Pool,
+    ids: &Arc<IdGenerator>,
+    postgres_problem: Option<String>,
+) -> Result<Arc<Readiness>, EngineError> {
+    let readiness = Arc::new(Readiness::default());
+    readiness.watch_minting(ids.clone());
+    // Not ready from the start when the primary cannot take orders (the
+    // monitor clears it once it can).
+    if let Some(problem) = postgres_problem {
+        tracing::warn!(postgres = %problem, "not ready; intakes wait");
+        readiness.set_ready(false);
+        readiness.set_postgres(Some(problem));
+    }
+    // Shards by lease rank unless listed by hand; the ranks as of now.
+    readiness
+        .shards()
+        .steer(settings.amqp.owned_shards.is_empty());
+    let conn = pool.get().await?;
+    let window = LIVE_WINDOW.min(lease_ttl(settings));
+    let window_ms = i64::try_from(window.as_millis()).unwrap_or(i64::MAX);
+    let live = node_lease::live_node_ids(&conn.client, window_ms)
+        .await
+        .map_err(StoreError::Db)?;
+    let (peers, rank) = node_lease::rank_of(&live, ids.node_id());
+    readiness.shards().set_peers(peers, rank);
+    Ok(readiness)
+}
+
+/// Adds the monitors the readiness flag follows: the node id lease keeper (no
+/// minting without a lease) and the readiness prober of PostgreSQL and Redis.
+fn with_monitors(
+    supervisor: Supervisor,
+    settings: &Settings,
+    pool: &Pool,
+    ids: &Arc<IdGenerator>,
+    holder: &Holder,
+    readiness: &Arc<Readiness>,
+) -> Supervisor {
+    let lease_ttl = lease_ttl(settings);
+    supervisor
+        .child(NodeLeaseKeeper::NAME, {
+            let (pool, ids, holder) = (pool.clone(), ids.clone(), holder.clone());
+            let readiness = readiness.clone();
+            child(move || {
+                NodeLeaseKeeper::new(
+                    pool.clone(),
+                    ids.clone(),
+                    holder.clone(),
+                    lease_ttl,
+                    readiness.clone(),
+                )
+            })
+        })
+        .child(ReadinessMonitor::NAME, {
+            let (pool, database, redis, readiness) = (
+                pool.clone(),
+                settings.database.clone(),
+                settings.redis.clone(),
+                readiness.clone(),
+            );
+            child(move || {
+                ReadinessMonitor::new(
+                    pool.clone(),
+                    database.clone(),
+                    redis.clone(),
+                    readiness.clone(),
+                    Duration::from_secs(1),
+                )
+            })
+        })
+}
+
+/// Adds one intake per owned shard's order queue and the payment intake: the
+/// engine's only inputs, supervised so that a lost connection is reopened.
+fn with_intakes(
+    mut supervisor: Supervisor,
+    intake: &IntakeStarter<'_>,
+    lanes: &Lanes,
+    names: &Names,
+    router: LaneRouter,
+    pool: &Pool,
+) -> Supervisor {
+    let settings = intake.settings;
+    // The intakes in turn over the lanes: shard s on lane s mod lanes, which is
+    // where its buckets are whenever the lanes divide the shards.
+    let owned = settings.owned_shards();
+    for shard in owned.iter().copied() {
+        let queue: Arc<str> = names.order_queue(shard).into();
+        let work = OrderWork {
+            lanes: router.clone(),
+            topic: queue.clone(),
+        };
+        supervisor = supervisor.child(
+            format!("intake:{queue}"),
+            intake.child(
+                lanes.arbiter(usize::from(shard)),
+                queue,
+                Some(shard),
+                names.order_retry_queue(shard),
+                names.order_dead_queue(),
+                work,
+            ),
+        );
+    }
+    let payment_queue: Arc<str> = names.payment_queue().into();
+    let work = PaymentWork {
+        pool: pool.clone(),
+        consumer_group: settings.payment.consumer_group.as_str().into(),
+        topic: payment_queue.clone(),
+    };
+    supervisor.child(
+        format!("intake:{payment_queue}"),
+        intake.child(
+            lanes.arbiter(owned.len()),
+            payment_queue,
+            None,
+            names.payment_retry_queue(),
+            names.payment_dead_queue(),
+            work,
+        ),
+    )
+}
+
+/// Ready means consuming: waits for every intake's first connection, and stops the
+/// supervisor if they do not all come within 15 s.
+async fn wait_consuming(
+    supervisor: &Addr<Supervisor>,
+    stats: &IntakeStats,
+    intakes: usize,
+) -> Result<(), EngineError> {
+    let deadline = std::time::Instant::now() + Duration::from_secs(15);
+    while stats.consuming() < intakes {
+        if std::time::Instant::now() > deadline {
+            supervisor.do_send(Shutdown);
+            return Err(EngineError::NotConsuming {
+                consuming: stats.consuming(),
+                expected: intakes,
+            });
+        }
+        actix_rt::time::sleep(Duration::from_millis(10)).await;
+    }
+    Ok(())
 }
 
 /// What every intake needs, to make one supervised child per consumed queue.
@@ -505,21 +584,6 @@ pub fn background_services(
         let conservation = Duration::from_millis(settings.telemetry.conservation_interval_ms);
         child(move || GaugeSampler::new(pool.clone(), amqp.clone(), interval, conservation))
     };
-    let reconciler = {
-        let (pool, redis) = (pool.clone(), settings.redis.clone());
-        let interval = Duration::from_millis(settings.frontstage.reconcile_interval_ms);
-        let marker_ttl = settings.compensation.released_marker_ttl_secs;
-        let reservation_ttl = Duration::from_millis(settings.frontstage.reservation_ttl_ms);
-        child(move || {
-            Reconciler::new(
-                pool.clone(),
-                redis.clone(),
-                interval,
-                marker_ttl,
-                reservation_ttl,
-            )
-        })
-    };
     Supervisor::new(
         Duration::from_millis(settings.supervisor.restart_base_ms),
         Duration::from_millis(settings.supervisor.restart_max_ms),
@@ -527,9 +591,26 @@ pub fn background_services(
     .child(OutboxPublisher::NAME, outbox)
     .child(Sweeper::NAME, sweeper)
     .child(CompensationWorker::NAME, compensation)
-    .child(Reconciler::NAME, reconciler)
+    .child(Reconciler::NAME, reconciler(settings, pool))
     .child(Retention::NAME, retention)
     .child(GaugeSampler::NAME, gauges)
+}
+
+/// The reconciler of Redis reservations past their TTL (each pass also samples the drift).
+fn reconciler(settings: &Settings, pool: &Pool) -> ChildFactory {
+    let (pool, redis) = (pool.clone(), settings.redis.clone());
+    let interval = Duration::from_millis(settings.frontstage.reconcile_interval_ms);
+    let marker_ttl = settings.compensation.released_marker_ttl_secs;
+    let reservation_ttl = Duration::from_millis(settings.frontstage.reservation_ttl_ms);
+    child(move || {
+        Reconciler::new(
+            pool.clone(),
+            redis.clone(),
+            interval,
+            marker_ttl,
+            reservation_ttl,
+        )
+    })
 }
 
 /// A supervisor child that runs a fresh service from `make` on every (re)start.

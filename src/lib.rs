@@ -2,15 +2,17 @@
 //! See DESIGN.md for the promises and the topology; `main.rs` only wires the CLI.
 
 pub mod actors;
-pub mod commands;
+pub mod cli;
 pub mod config;
 pub mod domain;
+pub mod drift;
 pub mod engine;
 pub mod failpoints;
 pub mod http;
 pub mod mq;
 pub mod redis;
 pub mod services;
+pub mod startup;
 pub mod status;
 pub mod store;
 pub mod telemetry;

@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::Parser;
-use seckill_engine::commands::{run, Cli};
+use seckill_engine::cli::{run, Cli};
 
 fn main() -> ExitCode {
     #[cfg(feature = "chaos")]

@@ -1,12 +1,10 @@
 //! The background services and what runs them: the supervisor (with its messages),
 //! the runner every service is driven by (`runner`: `run_once` on an interval, backoff
 //! after a failure), and the services themselves: outbox publisher, sweeper,
-//! compensation worker, reconciler, retention, gauge sampler and readiness monitor;
-//! `drift` measures Redis against PostgreSQL for the reconciler and `check --redis`. Their work
-//! lives in PostgreSQL rows, never only in a mailbox.
+//! compensation worker, reconciler, retention, gauge sampler and readiness monitor.
+//! Their work lives in PostgreSQL rows, never only in a mailbox.
 
 pub mod compensation_worker;
-pub mod drift;
 pub mod gauges;
 pub mod node_lease;
 pub mod outbox_publisher;

@@ -8,7 +8,7 @@
 //! itself happens once per reservation (the script's marker).
 //!
 //! Each pass also measures Redis drift for the SKUs of the live sales
-//! (`services::drift`, `seckill_redis_drift_units`).
+//! (`crate::drift`, `seckill_redis_drift_units`).
 
 use std::rc::Rc;
 use std::time::Duration;
@@ -124,36 +124,39 @@ impl Service for Reconciler {
             }
             metrics::counter!(crate::telemetry::names::RECONCILER_GIVEN_BACK_TOTAL)
                 .increment(given_back);
-            // Only the live sales' buckets: measuring every activity ever held
-            // would read the whole inventory table on every pass.
-            let mut drift = Vec::new();
-            for activity in crate::store::health::live_activities(&conn.client).await? {
-                drift.extend(
-                    super::drift::measure(
-                        &conn.client,
-                        &mut redis,
-                        &inner.redis.key_prefix,
-                        Some(activity),
-                    )
-                    .await?,
-                );
-            }
-            crate::telemetry::sampled::replace(
-                crate::telemetry::names::REDIS_DRIFT_UNITS,
-                super::drift::per_sku(&drift)
-                    .into_iter()
-                    .map(|((activity, sku), drift)| {
-                        crate::telemetry::sampled::Series::new(
-                            vec![("activity", activity.to_string()), ("sku", sku.to_string())],
-                            drift as f64,
-                        )
-                    })
-                    .collect(),
-            );
+            sample_drift(&conn.client, &mut redis, &inner.redis.key_prefix).await?;
             Ok(Outcome::default()
                 .count("given_back", given_back)
                 .count("confirmed", confirmed)
                 .more(more))
         })
     }
+}
+
+/// Measures the drift of the live sales' buckets (`crate::drift`) and replaces the
+/// `seckill_redis_drift_units` series with it, one per SKU.
+async fn sample_drift(
+    client: &tokio_postgres::Client,
+    redis: &mut ::redis::aio::MultiplexedConnection,
+    key_prefix: &str,
+) -> Result<(), ServiceError> {
+    // Only the live sales' buckets: measuring every activity ever held
+    // would read the whole inventory table on every pass.
+    let mut drift = Vec::new();
+    for activity in crate::store::health::live_activities(client).await? {
+        drift.extend(crate::drift::measure(client, redis, key_prefix, Some(activity)).await?);
+    }
+    crate::telemetry::sampled::replace(
+        crate::telemetry::names::REDIS_DRIFT_UNITS,
+        crate::drift::per_sku(&drift)
+            .into_iter()
+            .map(|((activity, sku), drift)| {
+                crate::telemetry::sampled::Series::new(
+                    vec![("activity", activity.to_string()), ("sku", sku.to_string())],
+                    drift as f64,
+                )
+            })
+            .collect(),
+    );
+    Ok(())
 }

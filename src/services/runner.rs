@@ -71,6 +71,15 @@ impl From<tokio_postgres::Error> for ServiceError {
     }
 }
 
+impl From<crate::drift::DriftError> for ServiceError {
+    fn from(e: crate::drift::DriftError) -> Self {
+        match e {
+            crate::drift::DriftError::Store(e) => ServiceError::Store(e),
+            crate::drift::DriftError::Redis(e) => ServiceError::Redis(e),
+        }
+    }
+}
+
 impl From<lapin::Error> for ServiceError {
     fn from(e: lapin::Error) -> Self {
         ServiceError::Mq(MqError::Amqp(e))

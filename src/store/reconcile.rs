@@ -1,8 +1,9 @@
 //! What reconciling Redis with PostgreSQL reads and writes: the SKUs whose sale is
 //! live, which of a set of Redis reservations the engine has processed, each
-//! bucket's available stock, and the fence that records a reservation as RELEASED
-//! before its Redis unit is given back (docs/DESIGN.md, "Redis give-backs"). Used by
-//! the reconciler service, the front stage and `check --redis`.
+//! bucket's available stock (also both in one snapshot, for the drift), and the fence
+//! that records a reservation as RELEASED before its Redis unit is given back
+//! (docs/DESIGN.md, "Redis give-backs"). Used by the reconciler service, the front
+//! stage and `check --redis` (through `crate::drift`).
 
 use std::collections::HashSet;
 
@@ -122,6 +123,28 @@ pub async fn buckets_available(
             available: r.get(3),
         })
         .collect())
+}
+
+/// `known_reservations` of `ids` and `buckets_available` of `activity`, read in one
+/// snapshot (`check --redis` and the reconciler compare them with Redis read just
+/// before: a reservation settled in between must show once, not in neither read).
+pub async fn known_and_available(
+    client: &Client,
+    ids: &[Uuid],
+    activity: Option<i64>,
+) -> Result<(HashSet<Uuid>, Vec<BucketAvailable>), tokio_postgres::Error> {
+    client
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .await?;
+    let read = async {
+        let known = known_reservations(client, ids).await?;
+        let available = buckets_available(client, activity).await?;
+        Ok::<_, tokio_postgres::Error>((known, available))
+    }
+    .await;
+    // Read only: ending it either way changes nothing.
+    client.batch_execute("ROLLBACK").await?;
+    read
 }
 
 const LIVE_SKUS: &str = "

@@ -9,15 +9,33 @@
 //! PostgreSQL's snapshot shows it either as taken or as not seen). During a sale the
 //! figure can still be off for a moment by the reservations made and settled within
 //! that gap; only a drift that lasts means the stores disagree.
+//!
+//! Not a service and not a store: it reads both stores (PostgreSQL through
+//! `store::reconcile`, Redis through `redis::commands`) and compares them, for the
+//! reconciler (`services`) and the command line alike.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
 use tokio_postgres::Client;
 
-use super::runner::ServiceError;
 use crate::redis::commands;
 use crate::redis::keys::SkuKeys;
-use crate::store::reconcile;
+use crate::store::{reconcile, StoreError};
+
+/// Why a measure failed: one of the two stores did not answer.
+#[derive(Debug, thiserror::Error)]
+pub enum DriftError {
+    #[error("PostgreSQL: {0}")]
+    Store(#[from] StoreError),
+    #[error("Redis: {0}")]
+    Redis(#[from] ::redis::RedisError),
+}
+
+impl From<tokio_postgres::Error> for DriftError {
+    fn from(e: tokio_postgres::Error) -> Self {
+        DriftError::Store(StoreError::Db(e))
+    }
+}
 
 /// One bucket's Redis/PostgreSQL comparison.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,7 +55,7 @@ pub async fn measure(
     redis: &mut ::redis::aio::MultiplexedConnection,
     key_prefix: &str,
     activity: Option<i64>,
-) -> Result<Vec<BucketDrift>, ServiceError> {
+) -> Result<Vec<BucketDrift>, DriftError> {
     let buckets: Vec<(i64, i64, i16)> = reconcile::buckets_available(client, activity)
         .await?
         .into_iter()
@@ -61,19 +79,9 @@ pub async fn measure(
     }
 
     // Then PostgreSQL, in one snapshot.
-    client
-        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
-        .await?;
-    let read = async {
-        let ids: Vec<uuid::Uuid> = pending.iter().map(|p| p.3).collect();
-        let known = reconcile::known_reservations(client, &ids).await?;
-        let available = reconcile::buckets_available(client, activity).await?;
-        Ok::<_, tokio_postgres::Error>((known, available))
-    }
-    .await;
-    // Read only: ending it either way changes nothing.
-    client.batch_execute("ROLLBACK").await?;
-    let (known, available): (HashSet<uuid::Uuid>, _) = read?;
+    let ids: Vec<uuid::Uuid> = pending.iter().map(|p| p.3).collect();
+    let (known, available): (HashSet<uuid::Uuid>, _) =
+        reconcile::known_and_available(client, &ids, activity).await?;
 
     let mut unsettled: HashMap<(i64, i64, i16), i64> = HashMap::new();
     for (activity_id, sku_id, bucket, reservation_id) in pending {

@@ -1,0 +1,79 @@
+//! `validate`: the configuration loads, and PostgreSQL (schema current, a primary
+//! that can take orders), RabbitMQ and Redis answer; the front stage's settings are
+//! usable. One line per check, naming where its key was set.
+
+use std::path::Path;
+use std::process::ExitCode;
+
+use crate::config::{self, Settings};
+use crate::redis::commands as redis_commands;
+use crate::store::{self, migrate};
+
+/// Runs every check, even after one failed; exits non-zero if any did.
+pub async fn run(settings: &Settings, config_file: Option<&Path>) -> anyhow::Result<ExitCode> {
+    let figment = config::figment(config_file);
+    let from = |key: &str| format!("{key} from {}", config::origin(&figment, key));
+    println!("ok   config");
+    let mut failed = false;
+    let mut report = |name: &str, key: &str, result: Result<String, String>| match result {
+        Ok(detail) => println!("ok   {name:<10} {detail} ({})", from(key)),
+        Err(e) => {
+            failed = true;
+            println!("FAIL {name:<10} {e} ({})", from(key));
+        }
+    };
+    report("postgres", "database.url", postgres(settings).await);
+    report("rabbitmq", "amqp.url", rabbitmq(settings).await);
+    report("redis", "redis.url", redis(settings).await);
+    report(
+        "frontstage",
+        "frontstage.auth.mode",
+        crate::http::front::check_settings(settings),
+    );
+
+    Ok(if failed {
+        ExitCode::FAILURE
+    } else {
+        ExitCode::SUCCESS
+    })
+}
+
+/// An error with its causes, on one line.
+fn why(e: impl Into<anyhow::Error>) -> String {
+    format!("{:#}", e.into())
+}
+
+/// Reachable, schema current, and a primary that can take orders.
+async fn postgres(settings: &Settings) -> Result<String, String> {
+    let config = store::pg_config(&settings.database).map_err(why)?;
+    let mut client = store::connect(&config).await.map_err(why)?;
+    migrate::verify(&mut client)
+        .await
+        .map_err(|e| format!("reachable, but {e}"))?;
+    let state = store::primary::primary_state(&client)
+        .await
+        .map_err(|e| format!("reachable, but {e}"))?;
+    match state.problem(
+        settings.database.require_sync_standby,
+        settings.database.commit_stall(),
+    ) {
+        None => Ok(format!("reachable, schema current; {}", state.describe())),
+        Some(problem) => Err(format!("reachable, schema current, but {problem}")),
+    }
+}
+
+/// The broker accepts a connection.
+async fn rabbitmq(settings: &Settings) -> Result<String, String> {
+    let conn = crate::mq::connect(&settings.amqp, "seckill-validate")
+        .await
+        .map_err(why)?;
+    let _ = conn.close(200, "validated".into()).await;
+    Ok("reachable".to_owned())
+}
+
+/// Redis accepts a connection and answers PING.
+async fn redis(settings: &Settings) -> Result<String, String> {
+    let mut conn = crate::redis::connect(&settings.redis).await.map_err(why)?;
+    redis_commands::ping(&mut conn).await.map_err(why)?;
+    Ok("reachable".to_owned())
+}
