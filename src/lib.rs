@@ -1,5 +1,31 @@
 //! seckill-engine: the PostgreSQL side of a flash-sale order system, built as actors.
-//! See DESIGN.md for the promises and the topology; `main.rs` only wires the CLI.
+//! docs/DESIGN.md holds the promises, the topology and the full map of files;
+//! `main.rs` only wires the CLI. Comments cite the reference chapter the design grew
+//! from (the *seed*) as `§N.N`; DESIGN's "Reference sections" says what each is.
+//!
+//! # Layout
+//!
+//! Imports point down this list, never up or sideways (`tests/layout.rs` holds the
+//! allowed arrows; DESIGN, "Allowed imports").
+//!
+//! - [`cli`]: one file per command; [`startup`]: the one composition root of `serve`.
+//! - [`http`]: the admin listener, the operator API, the live page, buyer identity
+//!   (`http::auth`: where a JWT is verified), rate limits; [`http::front`]: the front
+//!   stage, one file per concern (`buyer`, `reserve`, `purchase_token`, `lookups`,
+//!   `sku_cache`, `links`, `state`, `answers`).
+//! - [`engine`]: builds the running engine in named phases.
+//! - [`actors`]: the order pipeline (intake → DB permits → reservation → bucket).
+//! - [`services`]: background services under the supervisor (outbox publisher,
+//!   sweeper, compensation worker, reconciler, retention, gauges, readiness).
+//! - [`drift`]: Redis against PostgreSQL, per bucket.
+//! - [`store`]: all SQL (the order transaction in `store::orders`; a commit with an
+//!   unknown outcome is classified in `store::tx`); [`mq`]: AMQP; [`redis`]: every
+//!   Redis command (the reserve script, which decides a reservation's bucket, in
+//!   `redis::scripts`).
+//! - [`status`]: the live state the parts share; [`telemetry`]: logs and metrics.
+//! - [`config`]: the settings tree, each section validated next to its definition;
+//!   [`tls`]: the one TLS stack; [`failpoints`]: the fault suite's crash points.
+//! - [`domain`]: pure types and rules, no I/O.
 
 pub mod actors;
 pub mod cli;
