@@ -8,6 +8,13 @@
 //! broker's confirm, and only then acks the dead-letter copy: a crash in between leaves
 //! both copies, and the inbox makes the second one harmless.
 //!
+//! Where a replay sends a message is the project's own record, never a header the
+//! message carries (a header can be written by whoever published it): a payment
+//! callback goes back to the payment queue, an `order.create` to the shard queue its
+//! bucket maps to (`domain::shard`, the engine's shard count). A replay looks at each
+//! message at most once: only the messages in the queue when it started (a replayed
+//! message that fails again lands behind them and waits for the next replay).
+//!
 //! The inbox answers a message only within `retention.inbox_secs` of its processing
 //! (the retention service deletes older rows), so a replay refuses a message first
 //! published longer ago than that, unless forced, and says why: the inbox could no
@@ -22,9 +29,11 @@ use super::publisher::ConfirmedPublisher;
 use super::topology::Names;
 use super::{
     int_header, text_header, unix_millis, MqError, DEAD_AT_HEADER, DEAD_KIND_HEADER,
-    DEAD_QUEUE_HEADER, DEAD_REASON_HEADER, PUBLISHED_AT_HEADER, RETRIES_HEADER,
+    DEAD_REASON_HEADER, PUBLISHED_AT_HEADER, RETRIES_HEADER,
 };
 use crate::config::AmqpSettings;
+use crate::domain::message::OrderCreateMessage;
+use crate::domain::shard::shard_for;
 
 /// Header a replayed message carries: when it was replayed (ms since the Unix epoch).
 pub const REPLAYED_AT_HEADER: &str = "x-seckill-replayed-at-ms";
@@ -40,7 +49,8 @@ pub struct DeadLetter {
     pub message_id: Option<String>,
     pub kind: Option<String>,
     pub reason: Option<String>,
-    /// Where a replay sends it.
+    /// Where a replay sends it: the queue its kind and (for an order) its bucket map
+    /// to; `None` when the body is not a message of its queue's kind.
     pub origin_queue: Option<String>,
     pub dead_at_ms: Option<i64>,
     /// When it was first published, where known (see `first_published_ms`).
@@ -69,7 +79,13 @@ pub struct ReplayGuard {
 #[derive(Debug, Default, Clone, Serialize)]
 pub struct ReplayReport {
     pub replayed: u64,
-    /// Selected messages left in place because they name no queue to go back to.
+    /// How many went back to each queue.
+    pub replayed_to: std::collections::BTreeMap<String, u64>,
+    /// The message ids replayed (the first `MAX_LISTED`; all are counted).
+    pub replayed_ids: Vec<String>,
+    /// Selected messages left in place because their body is not a message of their
+    /// dead-letter queue's kind: no queue would take them (they are listed in
+    /// `refusals` with the reason).
     pub without_origin: u64,
     /// Selected messages left in place because the inbox could no longer dedup them.
     pub refused: u64,
@@ -86,8 +102,9 @@ pub struct Refusal {
     pub reason: String,
 }
 
-/// Refusals listed in one report at most (all are counted).
+/// Refusals and replayed ids listed in one report at most (all are counted).
 const MAX_REFUSALS: usize = 100;
+const MAX_LISTED: usize = 100;
 
 /// Lists up to `limit` messages of each dead-letter queue.
 pub async fn list(settings: &AmqpSettings, limit: usize) -> Result<Vec<DeadLetter>, MqError> {
@@ -98,14 +115,15 @@ pub async fn list(settings: &AmqpSettings, limit: usize) -> Result<Vec<DeadLette
             let Some(got) = session.get(&queue).await? else {
                 break;
             };
-            found.push(describe(&queue, &got.delivery));
+            found.push(session.describe(&queue, &got.delivery));
         }
     }
     session.close().await;
     Ok(found)
 }
 
-/// Replays the selected messages (up to `limit` looked at per dead-letter queue).
+/// Replays the selected messages (up to `limit` looked at per dead-letter queue, and
+/// never more than the queue held when the replay reached it).
 pub async fn replay(
     settings: &AmqpSettings,
     selection: &Selection,
@@ -116,12 +134,16 @@ pub async fn replay(
     let publisher = ConfirmedPublisher::open(&session.connection).await?;
     let mut report = ReplayReport::default();
     for queue in session.dead_queues() {
-        for _ in 0..limit {
+        let mut budget = limit;
+        while budget > 0 {
             let Some(got) = session.get(&queue).await? else {
                 break;
             };
+            // What was behind this message when it was taken: a message replayed now
+            // and dead-lettered again lands after them and is not taken twice.
+            budget = (budget - 1).min(usize::try_from(got.message_count).unwrap_or(usize::MAX));
             let delivery = got.delivery;
-            let letter = describe(&queue, &delivery);
+            let letter = session.describe(&queue, &delivery);
             let selected = match selection {
                 Selection::All => true,
                 Selection::MessageId(id) => letter.message_id.as_deref() == Some(id.as_str()),
@@ -130,18 +152,17 @@ pub async fn replay(
                 report.left += 1;
                 continue;
             }
-            let Some(origin) = letter.origin_queue else {
-                report.without_origin += 1;
-                continue;
+            let origin = match session.origin(&queue, &delivery.data) {
+                Ok(origin) => origin,
+                Err(reason) => {
+                    report.without_origin += 1;
+                    report.refuse(letter.message_id, reason);
+                    continue;
+                }
             };
             if let Some(reason) = too_old(letter.first_published_ms, guard, unix_millis()) {
                 report.refused += 1;
-                if report.refusals.len() < MAX_REFUSALS {
-                    report.refusals.push(Refusal {
-                        message_id: letter.message_id,
-                        reason,
-                    });
-                }
+                report.refuse(letter.message_id, reason);
                 continue;
             }
             publisher
@@ -154,16 +175,31 @@ pub async fn replay(
                 .await?;
             delivery.acker.ack(BasicAckOptions::default()).await?;
             report.replayed += 1;
+            *report.replayed_to.entry(origin).or_default() += 1;
+            if let Some(id) = letter.message_id {
+                if report.replayed_ids.len() < MAX_LISTED {
+                    report.replayed_ids.push(id);
+                }
+            }
         }
     }
     session.close().await;
     Ok(report)
 }
 
+impl ReplayReport {
+    fn refuse(&mut self, message_id: Option<String>, reason: String) {
+        if self.refusals.len() < MAX_REFUSALS {
+            self.refusals.push(Refusal { message_id, reason });
+        }
+    }
+}
+
 struct Session {
     connection: Connection,
     channel: Channel,
     names: Names,
+    shards: u16,
 }
 
 impl Session {
@@ -174,7 +210,45 @@ impl Session {
             connection,
             channel,
             names: Names::new(&settings.namespace),
+            shards: settings.shards,
         })
+    }
+
+    /// The queue a message of `dead_queue` came from, as the project routes it: the
+    /// payment queue, or the shard queue of the order's bucket. An error says why
+    /// there is none.
+    fn origin(&self, dead_queue: &str, body: &[u8]) -> Result<String, String> {
+        if dead_queue == self.names.payment_dead_queue() {
+            return Ok(self.names.payment_queue());
+        }
+        let msg = OrderCreateMessage::decode(body).map_err(|poison| {
+            format!(
+                "not an order.create message ({}: {}): a replay would dead-letter it again",
+                poison.kind, poison.detail
+            )
+        })?;
+        let shard = shard_for(
+            msg.activity_id,
+            msg.sku_id,
+            msg.inventory_bucket,
+            self.shards,
+        );
+        Ok(self.names.order_queue(shard))
+    }
+
+    fn describe(&self, dead_queue: &str, delivery: &lapin::message::Delivery) -> DeadLetter {
+        let props = &delivery.properties;
+        DeadLetter {
+            dead_queue: dead_queue.to_owned(),
+            message_id: props.message_id().as_ref().map(|id| id.to_string()),
+            kind: text_header(props, DEAD_KIND_HEADER),
+            reason: text_header(props, DEAD_REASON_HEADER),
+            origin_queue: self.origin(dead_queue, &delivery.data).ok(),
+            dead_at_ms: int_header(props, DEAD_AT_HEADER),
+            first_published_ms: first_published_ms(props),
+            retries: int_header(props, RETRIES_HEADER).unwrap_or(0),
+            body_bytes: delivery.data.len(),
+        }
     }
 
     fn dead_queues(&self) -> [String; 2] {
@@ -194,21 +268,6 @@ impl Session {
     /// Closing returns every message taken and not acked to its queue.
     async fn close(self) {
         super::close(&self.connection, &[&self.channel]).await;
-    }
-}
-
-fn describe(dead_queue: &str, delivery: &lapin::message::Delivery) -> DeadLetter {
-    let props = &delivery.properties;
-    DeadLetter {
-        dead_queue: dead_queue.to_owned(),
-        message_id: props.message_id().as_ref().map(|id| id.to_string()),
-        kind: text_header(props, DEAD_KIND_HEADER),
-        reason: text_header(props, DEAD_REASON_HEADER),
-        origin_queue: text_header(props, DEAD_QUEUE_HEADER).or_else(|| first_death_queue(props)),
-        dead_at_ms: int_header(props, DEAD_AT_HEADER),
-        first_published_ms: first_published_ms(props),
-        retries: int_header(props, RETRIES_HEADER).unwrap_or(0),
-        body_bytes: delivery.data.len(),
     }
 }
 
@@ -243,12 +302,6 @@ fn too_old(published_ms: Option<i64>, guard: ReplayGuard, now_ms: i64) -> Option
         )),
         Some(_) => None,
     }
-}
-
-/// A message the broker dead-lettered itself (our fallback when the dead-letter
-/// publish failed) names its queue in `x-first-death-queue`.
-fn first_death_queue(props: &BasicProperties) -> Option<String> {
-    text_header(props, "x-first-death-queue")
 }
 
 /// The original properties without what dead-lettering and retries added.

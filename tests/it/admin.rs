@@ -598,3 +598,131 @@ async fn admin_answers_are_never_framed_and_the_live_page_runs_only_its_own_scri
     engine.stop().await;
     env.cleanup().await;
 }
+
+/// Publishes `body` straight into the order dead-letter queue with `headers`, as a
+/// user with write on the default exchange could.
+async fn forge_dead_letter(
+    env: &TestEnv,
+    amqp: &lapin::Connection,
+    message_id: &str,
+    body: &[u8],
+    headers: &[(&str, &str)],
+) {
+    use lapin::types::{AMQPValue, FieldTable};
+    let mut table = FieldTable::default();
+    for (name, value) in headers {
+        table.insert((*name).into(), AMQPValue::LongString((*value).into()));
+    }
+    // Published just now, so the replay's inbox-window check lets it through.
+    table.insert(
+        seckill_engine::mq::PUBLISHED_AT_HEADER.into(),
+        AMQPValue::LongLongInt(chrono::Utc::now().timestamp_millis()),
+    );
+    let properties = seckill_engine::mq::message_properties(message_id).with_headers(table);
+    seckill_engine::mq::publisher::ConfirmedPublisher::open(amqp)
+        .await
+        .expect("publisher")
+        .publish("", &env.names.order_dead_queue(), body, properties)
+        .await
+        .expect("published to the dead-letter queue");
+}
+
+/// A replay sends a message where the project routes it, whatever a header says, and
+/// looks at each message once: one that fails again waits for the next replay
+/// instead of looping.
+#[actix_rt::test]
+async fn a_replay_sends_where_the_project_routes_and_takes_each_message_once() {
+    let env = TestEnv::with(with_token).await;
+    let mut db = env.db().await;
+    let (engine, handle, api) = start(&env.settings).await;
+    let amqp = env.amqp().await;
+    let channel = amqp.create_channel().await.unwrap();
+    let dead_queue = env.names.order_dead_queue();
+
+    // No activity 41: the engine dead-letters this message every time it comes.
+    let poison_loop = order(41, 1, 7, 0);
+    builders::publish(&env, &amqp, std::slice::from_ref(&poison_loop)).await;
+    assert!(env.wait_ready_count(&channel, &dead_queue, 1).await);
+    for round in 0..2 {
+        let report = api.post("/admin/dlq/replay", json!({"all": true})).await;
+        assert_eq!(report["replayed"], json!(1), "round {round}: {report}");
+        assert_eq!(
+            report["replayed_ids"],
+            json!([poison_loop.message_id.to_string()]),
+            "{report}"
+        );
+        assert!(
+            env.wait_ready_count(&channel, &dead_queue, 1).await,
+            "round {round}: dead-lettered again, once"
+        );
+    }
+
+    // A header naming another queue is not where a replay sends the message.
+    builders::activity(&mut db, 42, 1, 5, 1).await;
+    let forged = order(42, 1, 8, 0);
+    let origin = env
+        .names
+        .order_queue(seckill_engine::domain::shard::shard_for(
+            42,
+            1,
+            0,
+            env.settings.amqp.shards,
+        ));
+    forge_dead_letter(
+        &env,
+        &amqp,
+        &forged.message_id.to_string(),
+        &serde_json::to_vec(&forged).unwrap(),
+        &[("x-seckill-dead-queue", &env.names.payment_queue())],
+    )
+    .await;
+    // A body no queue would take stays, whatever queue its header names.
+    forge_dead_letter(
+        &env,
+        &amqp,
+        "not-an-order",
+        b"{not json",
+        &[("x-seckill-dead-queue", &env.names.order_queue(0))],
+    )
+    .await;
+    let report = api
+        .post(
+            "/admin/dlq/replay",
+            json!({"message_id": forged.message_id.to_string()}),
+        )
+        .await;
+    assert_eq!(
+        report["replayed_to"],
+        json!({ origin.clone(): 1 }),
+        "{report}"
+    );
+    let report = api
+        .post("/admin/dlq/replay", json!({"message_id": "not-an-order"}))
+        .await;
+    assert_eq!(report["replayed"], json!(0), "{report}");
+    assert_eq!(report["without_origin"], json!(1), "{report}");
+    assert!(
+        report["refusals"][0]["reason"]
+            .as_str()
+            .is_some_and(|r| r.contains("not an order.create message")),
+        "{report}"
+    );
+    assert!(
+        wait_until(settle(), || async {
+            count(&db, "SELECT count(*) FROM orders WHERE user_id = 8").await == 1
+        })
+        .await,
+        "the forged-header message made its order through its own shard queue"
+    );
+    assert_eq!(
+        env.ready_count(&channel, &env.names.payment_queue()).await,
+        0
+    );
+    assert!(
+        env.wait_ready_count(&channel, &dead_queue, 2).await,
+        "the looping order and the poison body stay dead-lettered"
+    );
+    handle.stop(true).await;
+    engine.stop().await;
+    env.cleanup().await;
+}
