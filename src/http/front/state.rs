@@ -38,12 +38,25 @@ pub(super) struct FrontStage {
     pub(super) replica_max_lag_ms: i64,
 }
 
+/// Attempts of one SKU read whose pool checkout timed out: every request for a SKU
+/// not yet cached waits for this one read, so a checkout that loses to a busy
+/// moment (a connection being opened on a loaded host) is tried again rather than
+/// turning all of them into 503s.
+const SKU_READ_ATTEMPTS: u32 = 3;
+
 /// Reads a SKU through the front stage's own pool.
 fn sku_loader(pool: Pool) -> Loader {
     Arc::new(move |(activity_id, sku_id)| {
         let pool = pool.clone();
         async move {
-            let conn = pool.get().await.map_err(|_| SkuUnavailable::Busy)?;
+            let mut attempt = 1;
+            let conn = loop {
+                match pool.get().await {
+                    Ok(conn) => break conn,
+                    Err(_) if attempt < SKU_READ_ATTEMPTS => attempt += 1,
+                    Err(_) => return Err(SkuUnavailable::Busy),
+                }
+            };
             reads::load_sku(&conn.client, activity_id, sku_id)
                 .await
                 .map_err(|_| SkuUnavailable::Down)
@@ -85,6 +98,9 @@ impl FrontStage {
             None => "amqp.url",
         };
         let links = Links::open(&settings.redis, amqp, amqp_key, readiness).await?;
+        // One connection opened now, so the first buyers do not wait for it; a
+        // database that does not answer yet is the readiness monitor's to report.
+        drop(pool.get().await);
         Ok(Self {
             skus: SkuCache::new(
                 sku_loader(pool.clone()),
