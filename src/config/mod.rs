@@ -17,7 +17,7 @@ use serde::Deserialize;
 use crate::tls::{SslMode, TlsError, TlsFiles};
 
 /// The defaults, compiled into the binary.
-const DEFAULTS: &str = include_str!("../config/default.toml");
+const DEFAULTS: &str = include_str!("../../config/default.toml");
 /// Keys of earlier releases and the keys that replaced them: a configuration still
 /// carrying one is refused with the new name rather than an "unknown field".
 const REPLACED_KEYS: &[(&str, &str)] = &[
