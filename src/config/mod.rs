@@ -40,7 +40,7 @@ pub use self::frontstage::{
 };
 pub use self::http::{AdminSettings, HttpSettings};
 pub use self::redis::RedisSettings;
-pub use self::telemetry::{LogFormat, TelemetrySettings};
+pub use self::telemetry::{LogFormat, TelemetrySettings, MAX_TRACED_ACTIVITIES};
 
 /// The defaults, compiled into the binary.
 const DEFAULTS: &str = include_str!("../../config/default.toml");

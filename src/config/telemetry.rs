@@ -4,7 +4,6 @@
 use serde::Deserialize;
 
 use super::check::{Check, ConfigError};
-use crate::telemetry::trace::MAX_TRACED;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -28,12 +27,16 @@ pub struct TelemetrySettings {
     pub trace_activities: Vec<i64>,
 }
 
+/// The most activities followed at once, configured or added by `POST /admin/trace`:
+/// every line of theirs is logged.
+pub const MAX_TRACED_ACTIVITIES: usize = 100;
+
 impl TelemetrySettings {
     pub(super) fn validate(&self, ctx: &Check) -> Result<(), ConfigError> {
-        if self.trace_activities.len() > MAX_TRACED {
+        if self.trace_activities.len() > MAX_TRACED_ACTIVITIES {
             return Err(ctx.invalid(
                 "telemetry.trace_activities",
-                format!("at most {MAX_TRACED} activities"),
+                format!("at most {MAX_TRACED_ACTIVITIES} activities"),
             ));
         }
         tracing_subscriber::EnvFilter::try_new(&self.level)
