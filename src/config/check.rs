@@ -68,6 +68,16 @@ impl<'a> Check<'a> {
         }
     }
 
+    /// A key no source sets, found missing after loading (no sources at hand then:
+    /// a missing key has none anyway).
+    pub fn missing(key: &str, reason: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid {
+            key: key.to_owned(),
+            origin: MISSING.to_owned(),
+            reason: reason.into(),
+        }
+    }
+
     /// A TLS file setting that cannot be used (`tls`), under the key it names.
     pub fn tls(&self, e: TlsError) -> ConfigError {
         self.invalid(&e.key, e.reason)

@@ -18,6 +18,13 @@ impl HttpSettings {
     pub(super) fn validate(&self, ctx: &Check) -> Result<(), ConfigError> {
         socket_address(ctx, "http.addr", &self.addr).map(drop)
     }
+
+    /// Whether the front stage listens on a loopback address only.
+    pub fn is_loopback(&self) -> bool {
+        self.addr
+            .parse::<SocketAddr>()
+            .is_ok_and(|addr| addr.ip().is_loopback())
+    }
 }
 
 /// Health, readiness, metrics and the operator API.

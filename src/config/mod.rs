@@ -111,8 +111,14 @@ impl Settings {
         self.redis.validate(ctx)?;
         self.http.validate(ctx)?;
         self.admin.validate(ctx)?;
-        self.frontstage.validate(ctx)?;
+        self.frontstage.validate(ctx, &self.http)?;
         self.telemetry.validate(ctx)
+    }
+
+    /// Whether the front stage can run (`serve`): the keys it needs beyond what
+    /// `load` checks, which the defaults leave unset (`FrontstageSettings::ready`).
+    pub fn frontstage_ready(&self) -> Result<(), ConfigError> {
+        self.frontstage.ready()
     }
 
     /// Orders in flight (Little's law, §10.5), enough to keep every batch full: a
