@@ -32,7 +32,7 @@ pub use self::background::{
 };
 pub use self::check::{origin, ConfigError, ENV_PREFIX};
 use self::check::{Bound, Check};
-pub use self::database::DatabaseSettings;
+pub use self::database::{DatabaseSettings, PgUrl};
 pub use self::engine::{EngineSettings, MAX_PIPELINE_THREADS};
 pub use self::frontstage::{
     AuthMode, AuthSettings, FrontstageSettings, PurchaseTokenSettings, RateLimitSettings,
@@ -98,13 +98,13 @@ impl Settings {
                 return Err(ctx.invalid(old, format!("this key was replaced by `{new}`")));
             }
         }
-        let settings: Settings = figment.extract().map_err(|e| ctx.extraction(e))?;
+        let mut settings: Settings = figment.extract().map_err(|e| ctx.extraction(e))?;
         settings.validate(&ctx)?;
         Ok(settings)
     }
 
-    /// Every bound, then each section's rules.
-    fn validate(&self, ctx: &Check) -> Result<(), ConfigError> {
+    /// Every bound, then each section's rules; the database keeps its URLs as read.
+    fn validate(&mut self, ctx: &Check) -> Result<(), ConfigError> {
         ctx.bounds(BOUNDS, self)?;
         self.database.validate(ctx)?;
         self.amqp.validate(ctx, self.frontstage.amqp_url.as_ref())?;
