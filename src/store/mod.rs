@@ -30,12 +30,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bb8_postgres::PostgresConnectionManager;
-use secrecy::ExposeSecret;
 use secrecy::SecretString;
 use tokio::sync::{Semaphore, SemaphorePermit};
 use tokio_postgres::{Client, NoTls, Statement};
 
-use crate::config::DatabaseSettings;
+use crate::config::{DatabaseSettings, PgUrl};
 use crate::domain::outcome::ErrorClass;
 use crate::tls::{PgTls, TlsError, TlsFiles};
 use sqlstate::classify_sqlstate;
@@ -317,17 +316,27 @@ pub fn pg_config(settings: &DatabaseSettings) -> Result<PgTarget, StoreError> {
 /// The configured URL with the server's default search_path, for migrations: refinery
 /// keeps its history table in `public` and must find it there on every run.
 pub fn admin_pg_config(settings: &DatabaseSettings) -> Result<PgTarget, StoreError> {
-    PgTarget::parse(&settings.url, "database.url", settings)
+    let url = settings.parsed_url().map_err(url_error("database.url"))?;
+    PgTarget::new(url, settings)
 }
 
 /// `database.owner_url` (the role that owns the schema), or `database.url` when
 /// unset, with the server's default search_path: what `migrate` and the after-sale
 /// VACUUM connect as (docs/OPERATIONS.md, "Roles").
 pub fn owner_pg_config(settings: &DatabaseSettings) -> Result<PgTarget, StoreError> {
-    match &settings.owner_url {
-        Some(url) => PgTarget::parse(url, "database.owner_url", settings),
+    let owner = settings
+        .parsed_owner_url()
+        .map_err(url_error("database.owner_url"))?;
+    match owner {
+        Some(url) => PgTarget::new(url, settings),
         None => admin_pg_config(settings),
     }
+}
+
+/// A URL that could not be read, naming its key: one given to `PgTarget::from_url`,
+/// or one rewritten after `Settings::load` (which refuses the others).
+fn url_error(key: &'static str) -> impl Fn(String) -> StoreError {
+    move |reason| StoreError::Url(format!("`{key}`: {reason}"))
 }
 
 /// A PostgreSQL server to connect to: what tokio-postgres reads of the URL, and the
@@ -353,28 +362,23 @@ impl std::ops::DerefMut for PgTarget {
 }
 
 impl PgTarget {
-    /// `url` (read from the configuration key `key`) with `settings.tls`. Errors
-    /// name the key and never carry the URL (it may hold a password).
-    pub fn parse(
-        url: &SecretString,
-        key: &'static str,
-        settings: &DatabaseSettings,
-    ) -> Result<PgTarget, StoreError> {
-        PgTarget::with_tls(url, key, &settings.tls, settings.connect_timeout())
+    /// `url` (one of `settings`' URLs, as read at load) with `settings.tls`.
+    pub fn new(url: PgUrl, settings: &DatabaseSettings) -> Result<PgTarget, StoreError> {
+        PgTarget::with_tls(url, &settings.tls, settings.connect_timeout())
     }
 
     fn with_tls(
-        url: &SecretString,
-        key: &'static str,
+        url: PgUrl,
         files: &TlsFiles,
         connect_timeout: Duration,
     ) -> Result<PgTarget, StoreError> {
-        let (rest, mode) = crate::tls::split_sslmode(url.expose_secret(), key)
-            .map_err(|e| StoreError::Url(format!("`{key}`: {e}")))?;
-        let mut config: tokio_postgres::Config = rest
-            .parse()
-            .map_err(|e| StoreError::Url(format!("`{key}`: {e}")))?;
-        let tls = PgTls::new(mode, files, key)?;
+        let PgUrl {
+            key,
+            mut config,
+            ssl_mode,
+            ..
+        } = url;
+        let tls = PgTls::new(ssl_mode, files, key)?;
         tls.apply(&mut config);
         config
             .connect_timeout(connect_timeout)
@@ -384,12 +388,9 @@ impl PgTarget {
 
     /// A URL with no `database.tls` files (its own sslmode, up to `require`).
     pub fn from_url(url: &str) -> Result<PgTarget, StoreError> {
-        PgTarget::with_tls(
-            &SecretString::from(url.to_owned()),
-            "database.url",
-            &TlsFiles::default(),
-            Duration::from_secs(10),
-        )
+        let url = PgUrl::parse("database.url", &SecretString::from(url.to_owned()))
+            .map_err(url_error("database.url"))?;
+        PgTarget::with_tls(url, &TlsFiles::default(), Duration::from_secs(10))
     }
 
     /// The `sslmode` of the URL.
@@ -660,12 +661,15 @@ pub fn build_pool_on(
 /// A small pool on `database.replica_url` for the reads that may be stale (seed
 /// §14.4), opened on the current runtime; `None` when no replica is configured.
 pub fn build_replica_pool(settings: &DatabaseSettings) -> Result<Option<Pool>, StoreError> {
-    let Some(url) = &settings.replica_url else {
+    let replica = settings
+        .parsed_replica_url()
+        .map_err(url_error("database.replica_url"))?;
+    let Some(url) = replica else {
         return Ok(None);
     };
     let runtime = tokio::runtime::Handle::try_current()
         .map_err(|e| StoreError::NotOpened(format!("building the replica pool: {e}")))?;
-    let mut config = PgTarget::parse(url, "database.replica_url", settings)?;
+    let mut config = PgTarget::new(url, settings)?;
     config
         .application_name("seckill-engine-replica-reads")
         .options("-c search_path=seckill,public -c default_transaction_read_only=on");

@@ -18,8 +18,9 @@ static TRACED: LazyLock<RwLock<HashMap<i64, Option<Instant>>>> =
 /// touch the lock.
 static ANY: AtomicBool = AtomicBool::new(false);
 
-/// The most activities followed at once: every line of theirs is logged.
-pub const MAX_TRACED: usize = 100;
+/// The most activities followed at once: a bound of the configuration too
+/// (`telemetry.trace_activities`), so it lives there.
+pub use crate::config::MAX_TRACED_ACTIVITIES as MAX_TRACED;
 
 /// Follows these activities for the life of the process (`telemetry.trace_activities`).
 pub fn follow_always(activities: &[i64]) {
