@@ -29,6 +29,21 @@ pub enum ConfigError {
 
 /// Describes where the value of `key` came from, e.g. "environment variable
 /// SECKILL__DATABASE__URL" or "TOML file /etc/seckill.toml".
+/// The keys whose values are secrets (`SecretString`s: URLs with passwords, tokens,
+/// keys): an error names them and never shows their value.
+pub const SECRET_KEYS: &[&str] = &[
+    "database.url",
+    "database.replica_url",
+    "database.owner_url",
+    "amqp.url",
+    "redis.url",
+    "admin.token",
+    "admin.metrics_token",
+    "frontstage.amqp_url",
+    "frontstage.auth.hs256_secret",
+    "frontstage.purchase_token.secret",
+];
+
 pub fn origin(figment: &Figment, key: &str) -> String {
     match figment.find_metadata(key) {
         Some(meta) => describe(meta, key),
@@ -94,10 +109,19 @@ impl<'a> Check<'a> {
             Some(meta) => describe(meta, &key),
             None => origin(self.figment, &key),
         };
+        // Figment's message quotes the value ("found unsigned int `4839…`"): never
+        // for a key that holds a secret, whatever type the value was read as.
+        let reason = match (&e.kind, SECRET_KEYS.contains(&key.as_str())) {
+            (_, false) => e.kind.to_string(),
+            (figment::error::Kind::InvalidType(_, expected), true) => {
+                format!("invalid type, expected {expected} (the value is not shown)")
+            }
+            (_, true) => "invalid value (the value is not shown)".to_owned(),
+        };
         ConfigError::Invalid {
             key,
             origin,
-            reason: e.kind.to_string(),
+            reason,
         }
     }
 

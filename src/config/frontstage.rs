@@ -84,6 +84,11 @@ pub struct AuthSettings {
     pub issuer: Option<String>,
     pub gateway_header: String,
     pub trusted_proxies: Vec<IpAddr>,
+    /// Clock skew allowed on `exp` and `nbf`, in seconds.
+    pub leeway_secs: u64,
+    /// The longest a token may be good for (`exp − iat`, or `exp − now` without
+    /// `iat`): a stolen long-lived token is refused, not honoured until 2286.
+    pub max_lifetime_secs: u64,
 }
 
 impl FrontstageSettings {

@@ -196,6 +196,8 @@ const BOUNDS: &[B] = &[
     B::new("frontstage.db_pool_size", |s| s.frontstage.db_pool_size.into(), 1, 64),
     B::new("frontstage.sold_out_recheck_ms", |s| s.frontstage.sold_out_recheck_ms, 0, 5 * SECOND_MS)
         .why("units can come back; 0 turns the memory off"),
+    B::new("frontstage.auth.leeway_secs", |s| s.frontstage.auth.leeway_secs, 0, 300),
+    B::new("frontstage.auth.max_lifetime_secs", |s| s.frontstage.auth.max_lifetime_secs, 60, 30 * DAY_SECS),
     B::new("frontstage.purchase_token.ttl_secs", |s| s.frontstage.purchase_token.ttl_secs, 1, 3600),
     B::at_least("frontstage.purchase_token.max_per_user", |s| s.frontstage.purchase_token.max_per_user.into(), 1),
     B::new("outbox.interval_ms", |s| s.outbox.interval_ms, 1, HOUR_MS),
@@ -303,6 +305,28 @@ mod tests {
             assert!(err.contains("SECKILL__DATABASE__POOL_SIZE"), "{err}");
             Ok(())
         });
+    }
+
+    /// A secret read as a number, a boolean or a table is named, never shown.
+    #[test]
+    fn a_secret_of_any_type_is_never_echoed() {
+        for (var, value) in [
+            ("SECKILL__ADMIN__TOKEN", "4839201758392017"),
+            ("SECKILL__ADMIN__METRICS_TOKEN", "true"),
+            ("SECKILL__FRONTSTAGE__PURCHASE_TOKEN__SECRET", "-3.25e10"),
+            ("SECKILL__DATABASE__URL", "[7733991]"),
+        ] {
+            Jail::expect_with(|jail| {
+                jail.set_env(var, value);
+                let err = Settings::load(None).unwrap_err().to_string();
+                assert!(err.contains(var), "{err}");
+                assert!(err.contains("not shown"), "{err}");
+                let digits: String = value.chars().filter(char::is_ascii_digit).collect();
+                assert!(!err.contains(&digits[..4.min(digits.len())]) || digits.is_empty(), "{err}");
+                assert!(!err.contains(value), "{err}");
+                Ok(())
+            });
+        }
     }
 
     /// Every duration and TTL is bounded: zero and enormous values are refused,

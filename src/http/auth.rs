@@ -19,7 +19,7 @@ use secrecy::ExposeSecret;
 use serde::Deserialize;
 use serde_json::json;
 
-use crate::config::{AuthMode, AuthSettings, MIN_HS256_SECRET_BYTES};
+use crate::config::{AuthMode, AuthSettings};
 
 /// Checks a request's identity as configured.
 pub struct Authenticator {
@@ -30,6 +30,8 @@ enum Mode {
     Jwt {
         key: DecodingKey,
         validation: Box<Validation>,
+        /// `frontstage.auth.max_lifetime_secs`.
+        max_lifetime_secs: u64,
     },
     Gateway {
         header: HeaderName,
@@ -62,11 +64,59 @@ pub struct AuthConfigError {
 #[derive(Deserialize)]
 struct Claims {
     sub: String,
+    /// Required (`validation`); seconds since the Unix epoch.
+    exp: u64,
+    #[serde(default)]
+    iat: Option<u64>,
+}
+
+/// What jsonwebtoken checks of a token: the signature with `algorithm`, `exp` and
+/// `nbf` within `frontstage.auth.leeway_secs`, and `aud`/`iss` when configured (and
+/// then required: jsonwebtoken passes a token without a configured claim).
+fn validation(settings: &AuthSettings, algorithm: Algorithm) -> Validation {
+    let mut validation = Validation::new(algorithm);
+    validation.leeway = settings.leeway_secs;
+    validation.validate_nbf = true;
+    let mut required = vec!["exp", "sub"];
+    match &settings.audience {
+        Some(aud) => {
+            validation.set_audience(&[aud]);
+            required.push("aud");
+        }
+        None => validation.validate_aud = false,
+    }
+    if let Some(iss) = &settings.issuer {
+        validation.set_issuer(&[iss]);
+        required.push("iss");
+    }
+    validation.set_required_spec_claims(&required);
+    validation
+}
+
+/// A token good for longer than `max_secs`, from its issue (`exp − iat`) or, without
+/// `iat`, from now, is refused: a leaked long-lived token must not work for years.
+fn check_lifetime(claims: &Claims, max_secs: u64, now: u64) -> Result<(), AuthError> {
+    let lifetime = claims.exp.saturating_sub(claims.iat.unwrap_or(now));
+    if lifetime > max_secs {
+        return Err(AuthError::Invalid(format!(
+            "the token is good for {lifetime} s, longer than frontstage.auth.max_lifetime_secs ({max_secs} s)"
+        )));
+    }
+    Ok(())
+}
+
+fn now_secs() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
 }
 
 impl Authenticator {
-    /// `http_addr`: where the front stage listens (mode `none` needs a loopback one).
-    pub fn new(settings: &AuthSettings, http_addr: &str) -> Result<Self, AuthConfigError> {
+    /// Builds the checker from settings validated at load (`config::frontstage`
+    /// holds the rules: key lengths, one key not two, the gateway's addresses, `none`
+    /// only on loopback) and found ready (`Settings::frontstage_ready`). What remains
+    /// here is construction: reading the key and naming the header.
+    pub fn new(settings: &AuthSettings) -> Result<Self, AuthConfigError> {
         let header = |key| {
             HeaderName::from_bytes(settings.gateway_header.as_bytes()).map_err(|e| {
                 AuthConfigError {
@@ -78,79 +128,31 @@ impl Authenticator {
         let mode = match settings.mode {
             AuthMode::Jwt => {
                 let (key, algorithm) = match (&settings.hs256_secret, &settings.public_key_file) {
-                    (Some(secret), None) => {
-                        let secret = secret.expose_secret().as_bytes();
-                        if secret.len() < MIN_HS256_SECRET_BYTES {
-                            return Err(AuthConfigError {
-                                key: "frontstage.auth.hs256_secret",
-                                reason: format!(
-                                    "must be at least {MIN_HS256_SECRET_BYTES} bytes (the value is not shown)"
-                                ),
-                            });
-                        }
-                        (DecodingKey::from_secret(secret), Algorithm::HS256)
-                    }
+                    (Some(secret), _) => (
+                        DecodingKey::from_secret(secret.expose_secret().as_bytes()),
+                        Algorithm::HS256,
+                    ),
                     (None, Some(path)) => public_key(path)?,
-                    (Some(_), Some(_)) => {
-                        return Err(AuthConfigError {
-                            key: "frontstage.auth.public_key_file",
-                            reason: "set either it or frontstage.auth.hs256_secret, not both"
-                                .into(),
-                        })
-                    }
                     (None, None) => {
                         return Err(AuthConfigError {
                             key: "frontstage.auth.hs256_secret",
-                            reason: "frontstage.auth.mode = \"jwt\" needs it (at least 32 bytes, through SECKILL__FRONTSTAGE__AUTH__HS256_SECRET) or frontstage.auth.public_key_file".into(),
+                            reason: "frontstage.auth.mode = \"jwt\" needs it or frontstage.auth.public_key_file".into(),
                         })
                     }
                 };
-                let mut validation = Validation::new(algorithm);
-                // A configured audience or issuer is checked only if the claim
-                // must be present: jsonwebtoken passes a token without it.
-                let mut required = vec!["exp", "sub"];
-                match &settings.audience {
-                    Some(aud) => {
-                        validation.set_audience(&[aud]);
-                        required.push("aud");
-                    }
-                    None => validation.validate_aud = false,
-                }
-                if let Some(iss) = &settings.issuer {
-                    validation.set_issuer(&[iss]);
-                    required.push("iss");
-                }
-                validation.set_required_spec_claims(&required);
                 Mode::Jwt {
                     key,
-                    validation: Box::new(validation),
+                    validation: Box::new(validation(settings, algorithm)),
+                    max_lifetime_secs: settings.max_lifetime_secs,
                 }
             }
-            AuthMode::Gateway => {
-                if settings.trusted_proxies.is_empty() {
-                    return Err(AuthConfigError {
-                        key: "frontstage.auth.trusted_proxies",
-                        reason: "mode \"gateway\" trusts the identity header only from these addresses; list the gateway's".into(),
-                    });
-                }
-                Mode::Gateway {
-                    header: header("frontstage.auth.gateway_header")?,
-                    trusted: settings.trusted_proxies.clone(),
-                }
-            }
-            AuthMode::None => {
-                if !is_loopback_bind(http_addr) {
-                    return Err(AuthConfigError {
-                        key: "frontstage.auth.mode",
-                        reason: format!(
-                            "\"none\" trusts any caller's identity header: local development only, and http.addr ({http_addr}) is not a loopback address"
-                        ),
-                    });
-                }
-                Mode::Unchecked {
-                    header: header("frontstage.auth.gateway_header")?,
-                }
-            }
+            AuthMode::Gateway => Mode::Gateway {
+                header: header("frontstage.auth.gateway_header")?,
+                trusted: settings.trusted_proxies.clone(),
+            },
+            AuthMode::None => Mode::Unchecked {
+                header: header("frontstage.auth.gateway_header")?,
+            },
         };
         Ok(Self { mode })
     }
@@ -158,7 +160,11 @@ impl Authenticator {
     /// The user the request speaks for.
     pub fn user(&self, req: &HttpRequest) -> Result<i64, AuthError> {
         match &self.mode {
-            Mode::Jwt { key, validation } => {
+            Mode::Jwt {
+                key,
+                validation,
+                max_lifetime_secs,
+            } => {
                 let token = req
                     .headers()
                     .get(actix_web::http::header::AUTHORIZATION)
@@ -171,6 +177,7 @@ impl Authenticator {
                     .ok_or(AuthError::Missing)?;
                 let data = jsonwebtoken::decode::<Claims>(token, key, validation)
                     .map_err(|e| AuthError::Invalid(e.to_string()))?;
+                check_lifetime(&data.claims, *max_lifetime_secs, now_secs())?;
                 parse_user(&data.claims.sub)
             }
             Mode::Gateway { header, trusted } => {
@@ -222,15 +229,6 @@ fn parse_user(sub: &str) -> Result<i64, AuthError> {
     }
 }
 
-fn is_loopback_bind(addr: &str) -> bool {
-    let host = addr
-        .rsplit_once(':')
-        .map_or(addr, |(h, _)| h)
-        .trim_start_matches('[')
-        .trim_end_matches(']');
-    host == "localhost" || host.parse::<IpAddr>().is_ok_and(|ip| ip.is_loopback())
-}
-
 /// An HS256 token for `user_id`, valid for `ttl`: what the bench, the demo and the
 /// tests present. In production the identity provider issues the tokens.
 pub fn issue_hs256(
@@ -241,6 +239,7 @@ pub fn issue_hs256(
     #[derive(serde::Serialize)]
     struct Issued {
         sub: String,
+        iat: u64,
         exp: u64,
     }
     let now = std::time::SystemTime::now()
@@ -250,6 +249,7 @@ pub fn issue_hs256(
         &jsonwebtoken::Header::new(Algorithm::HS256),
         &Issued {
             sub: user_id.to_string(),
+            iat: now.as_secs(),
             exp: (now + ttl).as_secs(),
         },
         &jsonwebtoken::EncodingKey::from_secret(secret.expose_secret().as_bytes()),
@@ -284,7 +284,19 @@ mod tests {
             issuer: None,
             gateway_header: "x-user-id".into(),
             trusted_proxies: vec!["10.0.0.1".parse().unwrap()],
+            leeway_secs: 30,
+            max_lifetime_secs: 86_400,
         }
+    }
+
+    /// A token with exactly these claims, signed with the test secret.
+    fn signed(claims: serde_json::Value) -> String {
+        jsonwebtoken::encode(
+            &jsonwebtoken::Header::new(Algorithm::HS256),
+            &claims,
+            &jsonwebtoken::EncodingKey::from_secret(SECRET.as_bytes()),
+        )
+        .unwrap()
     }
 
     fn bearer(token: &str) -> HttpRequest {
@@ -295,7 +307,7 @@ mod tests {
 
     #[test]
     fn a_valid_token_names_its_subject_and_nothing_else_passes() {
-        let auth = Authenticator::new(&settings(AuthMode::Jwt), "0.0.0.0:8080").unwrap();
+        let auth = Authenticator::new(&settings(AuthMode::Jwt)).unwrap();
         let secret: secrecy::SecretString = SECRET.to_owned().into();
         let token = issue_hs256(&secret, 42, Duration::from_secs(60)).unwrap();
         assert_eq!(auth.user(&bearer(&token)).unwrap(), 42);
@@ -321,7 +333,7 @@ mod tests {
     fn an_audience_when_configured_must_match() {
         let mut with_aud = settings(AuthMode::Jwt);
         with_aud.audience = Some("seckill".into());
-        let auth = Authenticator::new(&with_aud, "127.0.0.1:1").unwrap();
+        let auth = Authenticator::new(&with_aud).unwrap();
         let secret: secrecy::SecretString = SECRET.to_owned().into();
         // issue_hs256 sets no audience.
         let token = issue_hs256(&secret, 7, Duration::from_secs(60)).unwrap();
@@ -333,7 +345,7 @@ mod tests {
 
     #[test]
     fn a_gateway_is_trusted_only_from_its_addresses() {
-        let auth = Authenticator::new(&settings(AuthMode::Gateway), "0.0.0.0:8080").unwrap();
+        let auth = Authenticator::new(&settings(AuthMode::Gateway)).unwrap();
         let from = |peer: &str| {
             TestRequest::default()
                 .peer_addr(peer.parse().unwrap())
@@ -348,52 +360,56 @@ mod tests {
     }
 
     #[test]
-    fn bad_configurations_are_refused_naming_the_key() {
-        let key = |s: &AuthSettings, addr: &str| Authenticator::new(s, addr).err().map(|e| e.key);
-        let mut short = settings(AuthMode::Jwt);
-        short.hs256_secret = Some("short".to_owned().into());
-        assert_eq!(
-            key(&short, "127.0.0.1:1"),
-            Some("frontstage.auth.hs256_secret")
-        );
-        let mut none = settings(AuthMode::Jwt);
-        none.hs256_secret = None;
-        assert_eq!(
-            key(&none, "127.0.0.1:1"),
-            Some("frontstage.auth.hs256_secret")
-        );
-        let mut both = settings(AuthMode::Jwt);
-        both.public_key_file = Some("/nonexistent.pem".into());
-        assert_eq!(
-            key(&both, "127.0.0.1:1"),
-            Some("frontstage.auth.public_key_file")
-        );
-        let mut missing_key = none.clone();
-        missing_key.public_key_file = Some("/nonexistent.pem".into());
-        assert_eq!(
-            key(&missing_key, "127.0.0.1:1"),
-            Some("frontstage.auth.public_key_file")
-        );
-        let mut no_proxies = settings(AuthMode::Gateway);
-        no_proxies.trusted_proxies.clear();
-        assert_eq!(
-            key(&no_proxies, "127.0.0.1:1"),
-            Some("frontstage.auth.trusted_proxies")
-        );
-        assert_eq!(
-            key(&settings(AuthMode::None), "0.0.0.0:8080"),
-            Some("frontstage.auth.mode")
-        );
-        assert!(Authenticator::new(&settings(AuthMode::None), "127.0.0.1:8080").is_ok());
-    }
-
-    #[test]
-    fn only_loopback_binds_are_loopback() {
-        for addr in ["127.0.0.1:8080", "[::1]:80", "localhost:1", "127.0.0.2:9"] {
-            assert!(is_loopback_bind(addr), "{addr}");
+    fn tokens_are_held_to_their_time_audience_and_lifetime() {
+        let now = now_secs();
+        let auth = Authenticator::new(&settings(AuthMode::Jwt)).unwrap();
+        let user = |claims| auth.user(&bearer(&signed(claims)));
+        assert_eq!(user(json!({"sub": "5", "exp": now + 60})).unwrap(), 5);
+        // Within the 30 s leeway, and beyond it.
+        assert!(user(json!({"sub": "5", "exp": now - 10})).is_ok());
+        assert!(matches!(
+            user(json!({"sub": "5", "exp": now - 31 - 5})),
+            Err(AuthError::Invalid(_))
+        ));
+        // Not valid until tomorrow.
+        assert!(matches!(
+            user(json!({"sub": "5", "exp": now + 3 * 86_400, "nbf": now + 86_400})),
+            Err(AuthError::Invalid(_))
+        ));
+        // Good for 2 days (from iat, or from now without it): over the 1-day cap;
+        // expiring in 2286: over it too.
+        for claims in [
+            json!({"sub": "5", "iat": now, "exp": now + 2 * 86_400}),
+            json!({"sub": "5", "exp": now + 2 * 86_400}),
+            json!({"sub": "5", "exp": 9_999_999_999u64}),
+        ] {
+            let refused = user(claims.clone());
+            assert!(
+                matches!(&refused, Err(AuthError::Invalid(why)) if why.contains("max_lifetime_secs")),
+                "{claims}: {refused:?}"
+            );
         }
-        for addr in ["0.0.0.0:8080", "[::]:80", "10.0.0.1:1", "example.com:80"] {
-            assert!(!is_loopback_bind(addr), "{addr}");
+        // An audience or issuer, once configured, is required and must match.
+        let mut strict = settings(AuthMode::Jwt);
+        strict.audience = Some("seckill".into());
+        strict.issuer = Some("https://login.example.com".into());
+        let auth = Authenticator::new(&strict).unwrap();
+        let user = |claims| auth.user(&bearer(&signed(claims)));
+        let good = json!({"sub": "5", "exp": now + 60, "aud": "seckill", "iss": "https://login.example.com"});
+        assert_eq!(user(good.clone()).unwrap(), 5);
+        for (claim, value) in [
+            ("aud", json!("other")),
+            ("iss", json!("https://evil.example")),
+        ] {
+            let mut bad = good.clone();
+            bad[claim] = value;
+            assert!(matches!(user(bad), Err(AuthError::Invalid(_))), "{claim}");
+            let mut missing = good.clone();
+            missing.as_object_mut().unwrap().remove(claim);
+            assert!(
+                matches!(user(missing), Err(AuthError::Invalid(_))),
+                "{claim}"
+            );
         }
     }
 

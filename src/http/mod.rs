@@ -26,6 +26,8 @@ pub enum HttpError {
     Auth(#[from] auth::AuthConfigError),
     #[error("configuration key `{key}`: {reason}")]
     Config { key: &'static str, reason: String },
+    #[error(transparent)]
+    NotReady(#[from] crate::config::ConfigError),
     #[error("PostgreSQL: {0}")]
     Store(#[from] crate::store::StoreError),
 }

@@ -56,12 +56,9 @@ pub fn routes(cfg: &mut web::ServiceConfig) {
 /// What `validate` says of the front stage's settings: whether it can authenticate
 /// buyers and sign purchase tokens as configured (what `serve` would refuse).
 pub fn check_settings(settings: &Settings) -> Result<String, String> {
-    Authenticator::new(&settings.frontstage.auth, &settings.http.addr)
-        .map_err(|e| e.to_string())?;
+    settings.frontstage_ready().map_err(|e| e.to_string())?;
+    Authenticator::new(&settings.frontstage.auth).map_err(|e| e.to_string())?;
     let tokens = &settings.frontstage.purchase_token;
-    if tokens.required && tokens.secret.is_none() {
-        return Err("configuration key `frontstage.purchase_token.secret`: frontstage.purchase_token.required needs it".into());
-    }
     Ok(format!(
         "buyers by {:?}, purchase tokens {}",
         settings.frontstage.auth.mode,

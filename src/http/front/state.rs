@@ -65,19 +65,6 @@ fn sku_loader(pool: Pool) -> Loader {
     })
 }
 
-/// `frontstage.purchase_token.secret` when tokens are required; refused without it.
-fn purchase_secret(settings: &Settings) -> Result<Option<secrecy::SecretString>, HttpError> {
-    let tokens = &settings.frontstage.purchase_token;
-    match (&tokens.secret, tokens.required) {
-        (Some(secret), true) => Ok(Some(secret.clone())),
-        (None, true) => Err(HttpError::Config {
-            key: "frontstage.purchase_token.secret",
-            reason: "frontstage.purchase_token.required needs it (at least 32 bytes, shared by every front-stage instance, through SECKILL__FRONTSTAGE__PURCHASE_TOKEN__SECRET)".into(),
-        }),
-        (_, false) => Ok(None),
-    }
-}
-
 impl FrontStage {
     pub(super) async fn connect(
         settings: &Settings,
@@ -85,8 +72,12 @@ impl FrontStage {
         ids: Arc<IdGenerator>,
         readiness: Arc<Readiness>,
     ) -> Result<Self, HttpError> {
-        let auth = Authenticator::new(&settings.frontstage.auth, &settings.http.addr)?;
-        let purchase_secret = purchase_secret(settings)?;
+        // The keys only the front stage needs (a JWT key, the purchase-token
+        // secret), which the defaults leave unset.
+        settings.frontstage_ready()?;
+        let auth = Authenticator::new(&settings.frontstage.auth)?;
+        let tokens = &settings.frontstage.purchase_token;
+        let purchase_secret = tokens.secret.clone().filter(|_| tokens.required);
         let replica = crate::store::build_replica_pool(&settings.database)?.map(Replica::new);
         // Its own broker user when one is configured: write on the order exchange only.
         let mut amqp = settings.amqp.clone();
