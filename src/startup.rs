@@ -38,6 +38,7 @@ pub struct Served {
 /// Starts the engine, the front stage and the admin listener, in that order. Must
 /// run inside an actix `System` (the engine's actors, the listeners' servers).
 pub async fn start(settings: &Settings) -> Result<Served, StartupError> {
+    raise_descriptor_limit();
     let engine = start_engine(settings).await?;
     let front = start_front(settings, engine.ids(), engine.readiness()).await?;
     let admin = start_admin(
@@ -52,6 +53,24 @@ pub async fn start(settings: &Settings) -> Result<Served, StartupError> {
         front,
         admin,
     })
+}
+
+/// Raises the soft limit on open file descriptors to the hard one (a flash sale's
+/// connections need more than the usual 1,024), and logs both: the front stage's
+/// connection cap is derived from it (`http::front_connection_cap`).
+pub fn raise_descriptor_limit() {
+    let before = crate::http::descriptor_limits();
+    match rlimit::increase_nofile_limit(u64::MAX) {
+        Ok(soft) => tracing::info!(
+            soft,
+            hard = before.map(|l| l.1),
+            was = before.map(|l| l.0),
+            "file descriptor limit"
+        ),
+        Err(e) => {
+            tracing::warn!(error = %e, soft = before.map(|l| l.0), "could not raise the file descriptor limit")
+        }
+    }
 }
 
 /// The engine: intakes, pipeline and background services (`Engine::start`).

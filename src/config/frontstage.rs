@@ -30,10 +30,29 @@ pub struct FrontstageSettings {
     pub auth: AuthSettings,
     pub rate_limit: RateLimitSettings,
     pub purchase_token: PurchaseTokenSettings,
+    pub limits: ConnectionLimits,
     /// The broker user the front stage publishes order messages as (write on the
     /// order exchange only); unset: `amqp.url`. Uses `amqp.tls`.
     #[serde(default)]
     pub amqp_url: Option<SecretString>,
+}
+
+/// Deadlines and a cap for HTTP connections, so that no slow or idle client holds
+/// the door (`http::front`; the admin listener takes the same deadlines).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ConnectionLimits {
+    /// The request head must arrive within this.
+    pub header_read_ms: u64,
+    /// A reservation's body must arrive within this (it is read after the head
+    /// passed the credentials and the limits).
+    pub body_read_ms: u64,
+    /// An idle keep-alive connection is closed after this; 0 closes every
+    /// connection after its response.
+    pub keep_alive_ms: u64,
+    /// Open connections per worker; 0 derives it from the process's file descriptor
+    /// limit (and a value above that is lowered to it).
+    pub max_connections: usize,
 }
 
 /// GCRA limits per user and per client address (`http::limits`); 0 turns one off.

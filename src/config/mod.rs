@@ -35,8 +35,8 @@ use self::check::{Bound, Check};
 pub use self::database::{DatabaseSettings, PgUrl};
 pub use self::engine::{EngineSettings, MAX_PIPELINE_THREADS};
 pub use self::frontstage::{
-    AuthMode, AuthSettings, FrontstageSettings, PurchaseTokenSettings, RateLimitSettings,
-    MIN_HS256_SECRET_BYTES,
+    AuthMode, AuthSettings, ConnectionLimits, FrontstageSettings, PurchaseTokenSettings,
+    RateLimitSettings, MIN_HS256_SECRET_BYTES,
 };
 pub use self::http::{AdminSettings, HttpSettings};
 pub use self::redis::RedisSettings;
@@ -196,6 +196,10 @@ const BOUNDS: &[B] = &[
     B::new("frontstage.db_pool_size", |s| s.frontstage.db_pool_size.into(), 1, 64),
     B::new("frontstage.sold_out_recheck_ms", |s| s.frontstage.sold_out_recheck_ms, 0, 5 * SECOND_MS)
         .why("units can come back; 0 turns the memory off"),
+    B::new("frontstage.limits.header_read_ms", |s| s.frontstage.limits.header_read_ms, 100, 60 * SECOND_MS),
+    B::new("frontstage.limits.body_read_ms", |s| s.frontstage.limits.body_read_ms, 100, 60 * SECOND_MS),
+    B::new("frontstage.limits.keep_alive_ms", |s| s.frontstage.limits.keep_alive_ms, 0, 300 * SECOND_MS),
+    B::new("frontstage.limits.max_connections", |s| s.frontstage.limits.max_connections as u64, 0, 1_000_000),
     B::new("frontstage.auth.leeway_secs", |s| s.frontstage.auth.leeway_secs, 0, 300),
     B::new("frontstage.auth.max_lifetime_secs", |s| s.frontstage.auth.max_lifetime_secs, 60, 30 * DAY_SECS),
     B::new("frontstage.purchase_token.ttl_secs", |s| s.frontstage.purchase_token.ttl_secs, 1, 3600),
@@ -322,7 +326,10 @@ mod tests {
                 assert!(err.contains(var), "{err}");
                 assert!(err.contains("not shown"), "{err}");
                 let digits: String = value.chars().filter(char::is_ascii_digit).collect();
-                assert!(!err.contains(&digits[..4.min(digits.len())]) || digits.is_empty(), "{err}");
+                assert!(
+                    !err.contains(&digits[..4.min(digits.len())]) || digits.is_empty(),
+                    "{err}"
+                );
                 assert!(!err.contains(value), "{err}");
                 Ok(())
             });

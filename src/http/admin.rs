@@ -50,6 +50,7 @@ pub async fn start(
         metrics_token: settings.admin.metrics_token.clone(),
     });
     crate::telemetry::metrics();
+    let deadlines = super::Deadlines::new(&settings.frontstage.limits);
     let server = HttpServer::new(move || {
         App::new()
             .wrap(security_headers())
@@ -64,6 +65,10 @@ pub async fn start(
             .configure(super::operations::routes)
     })
     .workers(1)
+    .max_connections(super::ADMIN_MAX_CONNECTIONS)
+    .client_request_timeout(deadlines.header_read)
+    .keep_alive(deadlines.keep_alive)
+    .client_disconnect_timeout(super::DISCONNECT_TIMEOUT)
     .disable_signals()
     .bind(&settings.admin.addr)
     .map_err(|source| super::bind_error(&settings.admin.addr, source))?;

@@ -1617,3 +1617,100 @@ async fn every_redis_key_a_sale_creates_expires() {
     }
     env.cleanup().await;
 }
+
+/// Writes `head` (and nothing more) on a new connection to `addr`, then waits for
+/// the server to answer and close; returns what it answered and how long that took
+/// (`None`: still open after `patience`).
+async fn stall_after(addr: &str, head: String, patience: Duration) -> Option<(String, Duration)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut conn = tokio::net::TcpStream::connect(addr).await.expect("connect");
+    conn.write_all(head.as_bytes())
+        .await
+        .expect("write the head");
+    let started = std::time::Instant::now();
+    let mut answer = Vec::new();
+    match tokio::time::timeout(patience, conn.read_to_end(&mut answer)).await {
+        Ok(_) => Some((
+            String::from_utf8_lossy(&answer).into_owned(),
+            started.elapsed(),
+        )),
+        Err(_) => None,
+    }
+}
+
+/// Slow clients cannot hold the door: a request head or a reservation body that
+/// trickles is cut off at its deadline (408, connection closed), a refused buyer's
+/// body is never waited for, and buyers sell meanwhile.
+#[actix_rt::test]
+async fn slow_heads_and_bodies_are_cut_off_at_their_deadlines() {
+    let env = TestEnv::with(|f| {
+        f.merge(Serialized::default("frontstage.limits.header_read_ms", 500))
+            .merge(Serialized::default("frontstage.limits.body_read_ms", 500))
+            .merge(Serialized::default(
+                "frontstage.rate_limit.per_address_per_s",
+                0,
+            ))
+    })
+    .await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 72, 1, 40, 2).await;
+    let keys = SkuKeys::new(&env.settings.redis.key_prefix, 72, 1);
+    let mut redis = env.redis().await;
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[20; 2], crate::common::sale_end())
+        .await
+        .unwrap();
+    let engine = EngineHandle::start(&env.settings).await;
+    let (front, handle) =
+        Front::serve(&env.settings, engine.ids.clone(), engine.readiness.clone()).await;
+    let addr = front.base.trim_start_matches("http://").to_owned();
+    let path = "/v1/activities/72/skus/1/reservations";
+    // Far beyond the deadlines: only a connection the server closes answers.
+    let patience = Duration::from_secs(30);
+    // Each slow body from its own buyer: the per-user limit is not what stops them.
+    let slow_body = |user: i64| {
+        format!(
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {}\r\ncontent-type: application/json\r\ncontent-length: 60\r\n\r\n{{\"request_id\":",
+            token(&front.secret, 1_000 + user)
+        )
+    };
+    let slow_head = format!("POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthor");
+    let refused = format!(
+        "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer forged\r\ncontent-length: 60\r\n\r\n{{"
+    );
+    let stalls = join_all(
+        (0..30)
+            .map(|i| match i % 3 {
+                0 => slow_body(i),
+                1 => slow_head.clone(),
+                _ => refused.clone(),
+            })
+            .map(|head| stall_after(&addr, head, patience)),
+    );
+    // Buyers meanwhile.
+    let buyers = join_all((1..=20).map(|user| front.reserve(72, 100 + user, Uuid::now_v7())));
+    let (stalls, buyers) = futures_util::join!(stalls, buyers);
+    assert!(
+        buyers.iter().all(|(status, _)| *status == 202),
+        "{buyers:?}"
+    );
+    for (i, stall) in stalls.iter().enumerate() {
+        let (answer, took) = stall
+            .as_ref()
+            .unwrap_or_else(|| panic!("connection {i} was still open after {patience:?}"));
+        let expected = match i % 3 {
+            0 | 1 => "408",
+            _ => "401",
+        };
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {expected}")),
+            "connection {i}: {answer:?}"
+        );
+        assert!(
+            *took < Duration::from_secs(10),
+            "connection {i} took {took:?}"
+        );
+    }
+    handle.stop(true).await;
+    engine.stop().await;
+    env.cleanup().await;
+}

@@ -80,13 +80,27 @@ pub async fn start(
     state.links.check().await;
     watch(Arc::downgrade(&state.clone().into_inner()));
     let workers = settings.frontstage.workers.max(1);
+    let descriptors = super::descriptor_limits();
+    let per_worker =
+        super::front_connection_cap(settings, descriptors.map_or(1024, |(soft, _)| soft));
+    tracing::info!(
+        workers,
+        connections_per_worker = per_worker,
+        descriptors_soft = descriptors.map(|d| d.0),
+        "front stage connection cap"
+    );
+    let deadlines = super::Deadlines::new(&settings.frontstage.limits);
     let server = HttpServer::new(move || {
         App::new()
             .app_data(state.clone())
-            .app_data(web::PayloadConfig::new(16 * 1024))
+            .app_data(web::PayloadConfig::new(reserve::MAX_BODY_BYTES))
             .configure(routes)
     })
     .workers(workers)
+    .max_connections(per_worker)
+    .client_request_timeout(deadlines.header_read)
+    .keep_alive(deadlines.keep_alive)
+    .client_disconnect_timeout(super::DISCONNECT_TIMEOUT)
     .disable_signals()
     .bind(&settings.http.addr)
     .map_err(|source| super::bind_error(&settings.http.addr, source))?;

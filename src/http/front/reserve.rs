@@ -52,6 +52,27 @@ impl ReserveRequest {
     }
 }
 
+/// The largest reservation body read (a request id: a few dozen bytes).
+pub(super) const MAX_BODY_BYTES: usize = 16 * 1024;
+
+/// The body, read within `frontstage.limits.body_read_ms`: a client that trickles
+/// it is answered 408 and its connection closed, so it holds no descriptor longer.
+async fn read_body(front: &FrontStage, payload: web::Payload) -> Result<web::Bytes, HttpResponse> {
+    let deadline = std::time::Duration::from_millis(front.settings.limits.body_read_ms);
+    match tokio::time::timeout(deadline, payload.to_bytes_limited(MAX_BODY_BYTES)).await {
+        Ok(Ok(Ok(body))) => Ok(body),
+        Ok(Ok(Err(e))) => Err(bad_request(format!("body: {e}"))),
+        Ok(Err(_)) => Err(HttpResponse::PayloadTooLarge().force_close().json(json!({
+            "status": "INVALID_REQUEST",
+            "error": format!("body: larger than {MAX_BODY_BYTES} bytes"),
+        }))),
+        Err(_) => Err(HttpResponse::RequestTimeout().force_close().json(json!({
+            "status": "INVALID_REQUEST",
+            "error": "body: not received within frontstage.limits.body_read_ms",
+        }))),
+    }
+}
+
 /// How long a reservation's publish (and reopening the channel for it) may take.
 const PUBLISH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -60,9 +81,13 @@ pub(super) async fn reserve(
     front: web::Data<FrontStage>,
     http: HttpRequest,
     path: web::Path<(i64, i64)>,
-    body: web::Bytes,
+    payload: web::Payload,
 ) -> HttpResponse {
     let (activity_id, sku_id) = path.into_inner();
+    let body = match read_body(&front, payload).await {
+        Ok(body) => body,
+        Err(response) => return response,
+    };
     let req = match ReserveRequest::parse(&body) {
         Ok(req) => req,
         Err(why) => return bad_request(why),
