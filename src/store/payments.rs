@@ -13,7 +13,7 @@ use super::tx::commit;
 use super::{PgConn, StatementCache, StoreError, Warnings};
 use crate::domain::payment::{PaymentCallback, PaymentResult};
 use crate::domain::status::{CompensationType, OrderStatus, PaymentStatus};
-use tokio_postgres::Transaction;
+use tokio_postgres::{Row, Transaction};
 
 /// The committed result of one callback.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -23,6 +23,8 @@ pub struct PaymentOutcome {
     pub duplicate: bool,
 }
 
+/// Applies one payment callback in one transaction: dedup in the inbox, then pay
+/// the order or record why not, then the inbox result and COMMIT.
 pub async fn apply_callback(
     conn: &mut PgConn,
     consumer_group: &str,
@@ -42,56 +44,92 @@ pub async fn apply_callback(
     let order = tx
         .query_opt(&st.get(&tx, READ_ORDER).await?, &[&cb.order_id])
         .await?;
-    let reservation_id: Uuid = order.as_ref().map(|o| o.get(0)).unwrap_or_else(Uuid::nil);
+    let inbox = Inbox {
+        consumer_group,
+        topic,
+        message_id,
+    };
+    if let Some(row) = claim_inbox(&tx, st, &inbox, cb, order.as_ref()).await? {
+        commit(tx, warnings).await?;
+        return stored_outcome(&row);
+    }
+
+    let result = match order {
+        None => {
+            manual_review(&tx, st, cb, "payment for an unknown order").await?;
+            PaymentResult::UnknownOrder
+        }
+        Some(order) => settle(&tx, st, cb, &order).await?,
+    };
+    finish(tx, st, warnings, consumer_group, message_id, result).await
+}
+
+/// Where this callback's inbox row is: its consumer group, topic and message id.
+struct Inbox<'a> {
+    consumer_group: &'a str,
+    topic: &'a str,
+    message_id: Uuid,
+}
+
+/// Inserts the callback's inbox row; `Some(stored row)` for a redelivery, answered from it.
+async fn claim_inbox(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    inbox: &Inbox<'_>,
+    cb: &PaymentCallback,
+    order: Option<&Row>,
+) -> Result<Option<Row>, StoreError> {
+    let reservation_id: Uuid = order.map(|o| o.get(0)).unwrap_or_else(Uuid::nil);
     let inserted = tx
         .execute(
-            &st.get(&tx, INSERT_INBOX).await?,
+            &st.get(tx, INSERT_INBOX).await?,
             &[
-                &consumer_group,
-                &message_id,
-                &topic,
+                &inbox.consumer_group,
+                &inbox.message_id,
+                &inbox.topic,
                 &cb.callback_id,
                 &reservation_id,
                 &cb.order_id,
             ],
         )
         .await?;
-    if inserted == 0 {
-        let row = tx
-            .query_one(
-                &st.get(&tx, LOAD_INBOX).await?,
-                &[&consumer_group, &message_id],
-            )
-            .await?;
-        commit(tx, warnings).await?;
-        let stored: String = row.get(0);
-        let result = PaymentResult::parse(&stored).ok_or_else(|| {
-            StoreError::Anomaly(format!("inbox holds unknown payment result {stored:?}"))
-        })?;
-        return Ok(PaymentOutcome {
-            result,
-            duplicate: true,
-        });
+    if inserted != 0 {
+        return Ok(None);
     }
-
-    let Some(order) = order else {
-        manual_review(&tx, st, cb, "payment for an unknown order").await?;
-        return finish(
-            tx,
-            st,
-            warnings,
-            consumer_group,
-            message_id,
-            PaymentResult::UnknownOrder,
+    let row = tx
+        .query_one(
+            &st.get(tx, LOAD_INBOX).await?,
+            &[&inbox.consumer_group, &inbox.message_id],
         )
-        .await;
-    };
+        .await?;
+    Ok(Some(row))
+}
+
+/// The outcome of a redelivered callback, from the result its inbox row holds.
+fn stored_outcome(row: &Row) -> Result<PaymentOutcome, StoreError> {
+    let stored: String = row.get(0);
+    let result = PaymentResult::parse(&stored).ok_or_else(|| {
+        StoreError::Anomaly(format!("inbox holds unknown payment result {stored:?}"))
+    })?;
+    Ok(PaymentOutcome {
+        result,
+        duplicate: true,
+    })
+}
+
+/// The order exists: review a wrong amount, else record the payment and pay the order.
+async fn settle(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    cb: &PaymentCallback,
+    order: &Row,
+) -> Result<PaymentResult, StoreError> {
     let total_amount: i64 = order.get(2);
     let currency: String = order.get(3);
     if total_amount != cb.amount || currency != cb.currency {
-        record_payment(&tx, st, cb, PaymentStatus::Pending).await?;
+        record_payment(tx, st, cb, PaymentStatus::Pending).await?;
         manual_review(
-            &tx,
+            tx,
             st,
             cb,
             &format!(
@@ -100,73 +138,66 @@ pub async fn apply_callback(
             ),
         )
         .await?;
-        return finish(
-            tx,
-            st,
-            warnings,
-            consumer_group,
-            message_id,
-            PaymentResult::AmountMismatch,
-        )
-        .await;
+        return Ok(PaymentResult::AmountMismatch);
     }
 
-    let new_payment = record_payment(&tx, st, cb, PaymentStatus::Succeeded).await?;
+    let new_payment = record_payment(tx, st, cb, PaymentStatus::Succeeded).await?;
     // §9.9: the conditional transition that races the timeout cancel.
     if let Some(paid) = tx
-        .query_opt(&st.get(&tx, PAY_ORDER).await?, &[&cb.order_id, &cb.paid_at])
+        .query_opt(&st.get(tx, PAY_ORDER).await?, &[&cb.order_id, &cb.paid_at])
         .await?
     {
-        insert_event(
-            &tx,
-            st,
-            Event {
-                dedup_key: format!("ORDER_PAID:{}", cb.order_id),
-                aggregate_type: "ORDER",
-                aggregate_id: cb.order_id.to_string(),
-                tag: "ORDER_PAID",
-                message_key: cb.order_id.to_string(),
-                payload: event_payload(&json!({
-                    "order_id": cb.order_id,
-                    "reservation_id": paid.get::<_, Uuid>(0),
-                    "user_id": paid.get::<_, i64>(1),
-                    "payment_id": cb.payment_id,
-                    "amount": cb.amount,
-                    "currency": cb.currency,
-                    "paid_at": cb.paid_at,
-                }))?,
-            },
-        )
-        .await?;
-        return finish(
-            tx,
-            st,
-            warnings,
-            consumer_group,
-            message_id,
-            PaymentResult::Paid,
-        )
-        .await;
+        insert_event(tx, st, order_paid_event(cb, &paid)?).await?;
+        return Ok(PaymentResult::Paid);
     }
-
     // 0 rows: classify by re-reading (§9.9).
+    classify_unpaid(tx, st, cb, new_payment).await
+}
+
+/// The `ORDER_PAID` event of an order `PAY_ORDER` paid (its `RETURNING` row).
+fn order_paid_event(cb: &PaymentCallback, paid: &Row) -> Result<Event, StoreError> {
+    Ok(Event {
+        dedup_key: format!("ORDER_PAID:{}", cb.order_id),
+        aggregate_type: "ORDER",
+        aggregate_id: cb.order_id.to_string(),
+        tag: "ORDER_PAID",
+        message_key: cb.order_id.to_string(),
+        payload: event_payload(&json!({
+            "order_id": cb.order_id,
+            "reservation_id": paid.get::<_, Uuid>(0),
+            "user_id": paid.get::<_, i64>(1),
+            "payment_id": cb.payment_id,
+            "amount": cb.amount,
+            "currency": cb.currency,
+            "paid_at": cb.paid_at,
+        }))?,
+    })
+}
+
+/// Why `PAY_ORDER` updated no row, from the order's status: refund, review or already paid.
+async fn classify_unpaid(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    cb: &PaymentCallback,
+    new_payment: bool,
+) -> Result<PaymentResult, StoreError> {
     let status: i16 = tx
-        .query_one(&st.get(&tx, ORDER_STATUS).await?, &[&cb.order_id])
+        .query_one(&st.get(tx, ORDER_STATUS).await?, &[&cb.order_id])
         .await?
         .get(0);
-    let result = match OrderStatus::from_code(status) {
+    Ok(match OrderStatus::from_code(status) {
         Some(OrderStatus::Paid) if !new_payment => PaymentResult::AlreadyPaid,
         Some(OrderStatus::Paid) => {
-            refund(&tx, st, cb, "DOUBLE_PAYMENT").await?;
+            refund(tx, st, cb, "DOUBLE_PAYMENT").await?;
             PaymentResult::DoublePayment
         }
         Some(OrderStatus::Cancelled) => {
-            refund(&tx, st, cb, "PAID_AFTER_CANCEL").await?;
+            refund(tx, st, cb, "PAID_AFTER_CANCEL").await?;
             PaymentResult::PaidAfterCancel
         }
         _ => {
             manual_review(
-                &tx,
+                tx,
                 st,
                 cb,
                 &format!("payment for an order in status {status}"),
@@ -174,8 +205,7 @@ pub async fn apply_callback(
             .await?;
             PaymentResult::NotPayable
         }
-    };
-    finish(tx, st, warnings, consumer_group, message_id, result).await
+    })
 }
 
 /// Records the payment; returns whether it is new (unique keys decide).

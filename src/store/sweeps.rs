@@ -4,13 +4,14 @@
 //! same row: exactly one of them wins (§7.6).
 
 use serde_json::json;
+use tokio_postgres::{Row, Transaction};
 use uuid::Uuid;
 
 use super::compensation::redis_release_key;
 use super::compensation::{insert_task, NewTask};
 use super::outbox::{event_payload, insert_event, Event};
 use super::tx::commit;
-use super::{PgConn, StoreError};
+use super::{PgConn, StatementCache, StoreError};
 use crate::domain::status::{CompensationType, LedgerType, ReservationStatus};
 
 /// An order this sweeper cancelled.
@@ -52,17 +53,57 @@ pub async fn cancel_next_expired(
         commit(tx, warnings).await?;
         return Ok(None);
     };
-    let reservation_id: Uuid = order.get(0);
-    let activity_id: i64 = order.get(1);
-    let sku_id: i64 = order.get(2);
-    let user_id: i64 = order.get(3);
-    let bucket: i16 = order.get(4);
-    let quantity: i16 = order.get(5);
-    let source_message_id: Uuid = order.get(6);
+    let order = CancelledOrder::from_row(order_id, &order);
+    release_reservation(&tx, st, &order).await?;
+    let stock = release_inventory(&tx, st, &order).await?;
+    insert_release_ledger(&tx, st, ledger_id, &order, &stock).await?;
+    queue_give_back(&tx, st, &order).await?;
+    commit(tx, warnings).await?;
+    Ok(Some(Cancelled {
+        order_id,
+        reservation_id: order.reservation_id,
+    }))
+}
 
+/// The order `CANCEL_ORDER` cancelled, as it returned it: what every later step
+/// releases, records and announces.
+struct CancelledOrder {
+    order_id: i64,
+    reservation_id: Uuid,
+    activity_id: i64,
+    sku_id: i64,
+    user_id: i64,
+    bucket: i16,
+    quantity: i16,
+    source_message_id: Uuid,
+}
+
+impl CancelledOrder {
+    /// From `CANCEL_ORDER`'s `RETURNING` row.
+    fn from_row(order_id: i64, order: &Row) -> Self {
+        Self {
+            order_id,
+            reservation_id: order.get(0),
+            activity_id: order.get(1),
+            sku_id: order.get(2),
+            user_id: order.get(3),
+            bucket: order.get(4),
+            quantity: order.get(5),
+            source_message_id: order.get(6),
+        }
+    }
+}
+
+/// Step 1: the reservation goes RELEASED; its own step, as any other state is an anomaly.
+async fn release_reservation(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    order: &CancelledOrder,
+) -> Result<(), StoreError> {
+    let (order_id, reservation_id) = (order.order_id, order.reservation_id);
     let released = tx
         .execute(
-            &st.get(&tx, RELEASE_RESERVATION).await?,
+            &st.get(tx, RELEASE_RESERVATION).await?,
             &[
                 &reservation_id,
                 &ReservationStatus::Released.code(),
@@ -76,10 +117,34 @@ pub async fn cancel_next_expired(
             "order {order_id} cancelled but its reservation {reservation_id} was not ORDERED"
         )));
     }
-    let qty = i32::from(quantity);
+    Ok(())
+}
+
+/// The bucket's stock before and after the unit went back, for the ledger row.
+struct ReleasedStock {
+    before_available: i32,
+    after_available: i32,
+    before_allocated: i32,
+    after_allocated: i32,
+}
+
+/// Step 2: the units go back to their own bucket, which answers the ledger's before/after.
+async fn release_inventory(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    order: &CancelledOrder,
+) -> Result<ReleasedStock, StoreError> {
+    let CancelledOrder {
+        order_id,
+        activity_id,
+        sku_id,
+        bucket,
+        ..
+    } = *order;
+    let qty = i32::from(order.quantity);
     let Some(inv) = tx
         .query_opt(
-            &st.get(&tx, RELEASE_INVENTORY).await?,
+            &st.get(tx, RELEASE_INVENTORY).await?,
             &[&activity_id, &sku_id, &bucket, &qty],
         )
         .await?
@@ -88,44 +153,65 @@ pub async fn cancel_next_expired(
             "bucket ({activity_id}, {sku_id}, {bucket}) holds less allocated stock than order {order_id}"
         )));
     };
-    let (before_available, after_available, before_allocated, after_allocated): (
-        i32,
-        i32,
-        i32,
-        i32,
-    ) = (inv.get(0), inv.get(1), inv.get(2), inv.get(3));
+    Ok(ReleasedStock {
+        before_available: inv.get(0),
+        after_available: inv.get(1),
+        before_allocated: inv.get(2),
+        after_allocated: inv.get(3),
+    })
+}
+
+/// Step 3: the RELEASE ledger row, the one record of the stock that moved back.
+async fn insert_release_ledger(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    ledger_id: i64,
+    order: &CancelledOrder,
+    stock: &ReleasedStock,
+) -> Result<(), StoreError> {
+    let qty = i32::from(order.quantity);
     tx.execute(
-        &st.get(&tx, INSERT_RELEASE_LEDGER).await?,
+        &st.get(tx, INSERT_RELEASE_LEDGER).await?,
         &[
             &ledger_id,
-            &reservation_id,
-            &order_id,
-            &source_message_id,
-            &activity_id,
-            &sku_id,
-            &user_id,
-            &bucket,
+            &order.reservation_id,
+            &order.order_id,
+            &order.source_message_id,
+            &order.activity_id,
+            &order.sku_id,
+            &order.user_id,
+            &order.bucket,
             &LedgerType::Release.code(),
             &qty,
-            &before_available,
-            &after_available,
-            &before_allocated,
-            &after_allocated,
+            &stock.before_available,
+            &stock.after_available,
+            &stock.before_allocated,
+            &stock.after_allocated,
         ],
     )
     .await?;
+    Ok(())
+}
+
+/// Step 4: the `ORDER_CANCELLED` event and the Redis give-back task, sharing one payload.
+async fn queue_give_back(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    order: &CancelledOrder,
+) -> Result<(), StoreError> {
+    let (order_id, reservation_id) = (order.order_id, order.reservation_id);
     let payload = json!({
         "order_id": order_id,
         "reservation_id": reservation_id,
-        "activity_id": activity_id,
-        "sku_id": sku_id,
-        "user_id": user_id,
-        "inventory_bucket": bucket,
-        "quantity": quantity,
+        "activity_id": order.activity_id,
+        "sku_id": order.sku_id,
+        "user_id": order.user_id,
+        "inventory_bucket": order.bucket,
+        "quantity": order.quantity,
         "reason": "PAY_TIMEOUT",
     });
     insert_event(
-        &tx,
+        tx,
         st,
         Event {
             dedup_key: format!("ORDER_CANCELLED:{order_id}"),
@@ -138,7 +224,7 @@ pub async fn cancel_next_expired(
     )
     .await?;
     insert_task(
-        &tx,
+        tx,
         st,
         NewTask {
             task_type: CompensationType::RedisStockRelease,
@@ -148,12 +234,7 @@ pub async fn cancel_next_expired(
             payload,
         },
     )
-    .await?;
-    commit(tx, warnings).await?;
-    Ok(Some(Cancelled {
-        order_id,
-        reservation_id,
-    }))
+    .await
 }
 
 const CLAIM_EXPIRED: &str = "

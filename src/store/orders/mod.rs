@@ -22,13 +22,15 @@
 //!
 //! The folder is one-way: this entry chooses the path; `per_message`, `set_based`
 //! and `whole` are the paths (`whole` falls back to `set_based`); `steps` holds what
-//! they share, `allocation` the turn at the bucket's row, `context` the inputs, and
-//! `sql` every statement. The inbox statements live in `store::inbox`, COMMIT and its
-//! outcome in `store::tx`. No file here imports from a file that imports it.
+//! they share, `rows` the column arrays of the set-based statements, `allocation`
+//! the turn at the bucket's row, `context` the inputs, and `sql` every statement.
+//! The inbox statements live in `store::inbox`, COMMIT and its outcome in
+//! `store::tx`. No file here imports from a file that imports it.
 
 mod allocation;
 mod context;
 mod per_message;
+mod rows;
 mod set_based;
 mod sql;
 mod steps;

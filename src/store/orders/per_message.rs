@@ -34,6 +34,49 @@ pub(super) async fn order_body(
     let msg = input.msg;
 
     // 1. The inbox decides who processes this message id (§9.1).
+    if let Some(stored) = claim_inbox(tx, st, ctx, input).await? {
+        return Ok(stored);
+    }
+
+    // 2. Record the reservation and lock it: serializes messages of one reservation
+    //    that reach different engine instances (§9.2).
+    if let Some((code, order_id)) = record_reservation(tx, st, msg).await? {
+        return finish(tx, st, ctx, msg, code, order_id).await;
+    }
+
+    // 3. Insert the order first: the unique keys decide idempotency and one order
+    //    per user per SKU (§9.3).
+    if !insert_order(tx, st, msg).await? {
+        let (code, order_id) = explain_order_conflict(tx, st, msg).await?;
+        return finish(tx, st, ctx, msg, code, order_id).await;
+    }
+
+    // 4. The final stock check: a conditional UPDATE on the message's own bucket (§9.4).
+    let Some(before) = allocate(tx, st, turn, msg).await? else {
+        return sold_out(tx, st, ctx, msg).await;
+    };
+
+    // 5. Item, ledger, reservation and event (§9.5–§9.7).
+    insert_item(tx, st, ctx, msg).await?;
+    insert_allocate_ledger(tx, st, input, before).await?;
+    mark_reservation_ordered(tx, st, msg.reservation_id, msg.order_id).await?;
+    insert_event(tx, st, order_created_event(msg)?).await?;
+    // The inbox row was inserted with ORDER_CREATED and this order id already.
+    Ok(OrderOutcome {
+        code: ResultCode::OrderCreated,
+        order_id: Some(msg.order_id),
+        duplicate: false,
+    })
+}
+
+/// Step 1: inserts the message's inbox row; `Some` answers a redelivery from the stored row.
+async fn claim_inbox(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    ctx: &OrderTxContext,
+    input: &OrderInput<'_>,
+) -> Result<Option<OrderOutcome>, StoreError> {
+    let msg = input.msg;
     let message_key = msg.reservation_id.to_string();
     let payload_hash = payload_hash(msg);
     let inserted = tx
@@ -50,18 +93,26 @@ pub(super) async fn order_body(
             ],
         )
         .await?;
-    if inserted == 0 {
-        let row = tx
-            .query_one(
-                &st.get(tx, LOAD_INBOX).await?,
-                &[&ctx.consumer_group, &msg.message_id],
-            )
-            .await?;
-        return StoredResult::from_row(&row)?.answer(msg, &payload_hash);
+    if inserted != 0 {
+        return Ok(None);
     }
+    let row = tx
+        .query_one(
+            &st.get(tx, LOAD_INBOX).await?,
+            &[&ctx.consumer_group, &msg.message_id],
+        )
+        .await?;
+    StoredResult::from_row(&row)?
+        .answer(msg, &payload_hash)
+        .map(Some)
+}
 
-    // 2. Record the reservation and lock it: serializes messages of one reservation
-    //    that reach different engine instances (§9.2).
+/// Step 2: inserts and locks the reservation; `Some` is the result when it cannot be ordered.
+async fn record_reservation(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    msg: &OrderCreateMessage,
+) -> Result<Option<(ResultCode, Option<i64>)>, StoreError> {
     tx.execute(
         &st.get(tx, INSERT_RESERVATION).await?,
         &[
@@ -80,12 +131,15 @@ pub(super) async fn order_body(
     let reservation = tx
         .query_opt(&st.get(tx, LOCK_RESERVATION).await?, &[&msg.reservation_id])
         .await?;
-    if let Some((code, order_id)) = reservation_verdict(msg, reservation.as_ref()) {
-        return finish(tx, st, ctx, msg, code, order_id).await;
-    }
+    Ok(reservation_verdict(msg, reservation.as_ref()))
+}
 
-    // 3. Insert the order first: the unique keys decide idempotency and one order
-    //    per user per SKU (§9.3).
+/// Step 3: inserts the provisional order; false when a unique key already holds one.
+async fn insert_order(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    msg: &OrderCreateMessage,
+) -> Result<bool, StoreError> {
     let created = tx
         .query_opt(
             &st.get(tx, INSERT_ORDER).await?,
@@ -105,25 +159,34 @@ pub(super) async fn order_body(
             ],
         )
         .await?;
-    if created.is_none() {
-        let (code, order_id) = explain_order_conflict(tx, st, msg).await?;
-        return finish(tx, st, ctx, msg, code, order_id).await;
-    }
+    Ok(created.is_some())
+}
 
-    // 4. The final stock check: a conditional UPDATE on the message's own bucket (§9.4).
-    let Some(before) = allocate(tx, st, turn, msg).await? else {
-        // The order row was inserted by this transaction a moment ago and nothing
-        // references it yet, so it can simply go (§9.11).
-        tx.execute(
-            &st.get(tx, DELETE_PROVISIONAL_ORDER).await?,
-            &[&msg.order_id],
-        )
-        .await?;
-        reject(tx, st, msg, ResultCode::PostgresSoldOut).await?;
-        return finish(tx, st, ctx, msg, ResultCode::PostgresSoldOut, None).await;
-    };
+/// Step 4's other end: the bucket is empty, so the order goes and the reservation is rejected.
+async fn sold_out(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    ctx: &OrderTxContext,
+    msg: &OrderCreateMessage,
+) -> Result<OrderOutcome, StoreError> {
+    // The order row was inserted by this transaction a moment ago and nothing
+    // references it yet, so it can simply go (§9.11).
+    tx.execute(
+        &st.get(tx, DELETE_PROVISIONAL_ORDER).await?,
+        &[&msg.order_id],
+    )
+    .await?;
+    reject(tx, st, msg, ResultCode::PostgresSoldOut).await?;
+    finish(tx, st, ctx, msg, ResultCode::PostgresSoldOut, None).await
+}
 
-    // 5. Item, ledger, reservation and event (§9.5–§9.7).
+/// Step 5a: the order's item row, with the SKU's title as sold.
+async fn insert_item(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    ctx: &OrderTxContext,
+    msg: &OrderCreateMessage,
+) -> Result<(), StoreError> {
     tx.execute(
         &st.get(tx, INSERT_ORDER_ITEM).await?,
         &[
@@ -135,6 +198,17 @@ pub(super) async fn order_body(
         ],
     )
     .await?;
+    Ok(())
+}
+
+/// Step 5b: the ALLOCATE ledger row, the bucket's before/after as the UPDATE answered.
+async fn insert_allocate_ledger(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    input: &OrderInput<'_>,
+    before: Allocation,
+) -> Result<(), StoreError> {
+    let msg = input.msg;
     let ledger = tx
         .execute(
             &st.get(tx, INSERT_ALLOCATE_LEDGER).await?,
@@ -159,15 +233,7 @@ pub(super) async fn order_body(
         ledger,
         1,
         "allocate ledger rows for reservations without an order",
-    )?;
-    mark_reservation_ordered(tx, st, msg.reservation_id, msg.order_id).await?;
-    insert_event(tx, st, order_created_event(msg)?).await?;
-    // The inbox row was inserted with ORDER_CREATED and this order id already.
-    Ok(OrderOutcome {
-        code: ResultCode::OrderCreated,
-        order_id: Some(msg.order_id),
-        duplicate: false,
-    })
+    )
 }
 
 /// The bucket as it was before the unit was taken.

@@ -9,35 +9,31 @@
 
 use std::collections::{HashMap, HashSet};
 
-use chrono::{DateTime, Utc};
 use tokio_postgres::types::ToSql;
-use tokio_postgres::{Row, Transaction};
+use tokio_postgres::{Row, Statement, Transaction};
 use uuid::Uuid;
 
 use super::allocation::AllocationTurn;
 use super::context::{OrderInput, OrderTxContext};
+use super::rows::{InboxRows, LedgerRows, OrderRows, Param, ReservationRows};
 use super::sql::{
     DELETE_PROVISIONAL_ORDERS, INSERT_ORDERS, INSERT_ORDER_ITEMS, INSERT_RESERVATIONS,
     LOCK_INVENTORY, LOCK_RESERVATIONS, MARK_RESERVATIONS_ORDERED, REJECT_RESERVATIONS, TAKE_UNITS,
 };
 use super::steps::{
-    expect_rows, explain_order_conflict, order_created_event, release, reservation_expires_at,
-    reservation_verdict,
+    expect_rows, explain_order_conflict, order_created_event, release, reservation_verdict,
 };
 use crate::domain::message::OrderCreateMessage;
 use crate::domain::outcome::{OrderOutcome, ResultCode};
 use crate::domain::status::{LedgerType, ReservationStatus};
 use crate::store::compensation::{TaskRows, INSERT_TASKS};
-use crate::store::inbox::{
-    payload_hash, StoredResult, INSERT_INBOX_ROWS, LOAD_INBOX_ROWS, UPDATE_INBOX_RESULTS,
-};
+use crate::store::inbox::{StoredResult, INSERT_INBOX_ROWS, LOAD_INBOX_ROWS, UPDATE_INBOX_RESULTS};
 use crate::store::outbox::{EventRows, INSERT_EVENTS};
 use crate::store::{StatementCache, StoreError};
 
-/// A statement parameter of a `'static` type (the alias implies `+ 'static`); lists
-/// holding borrowed values (the messages' `&str` columns, slices of the ledger rows)
-/// are spelled `dyn ToSql + Sync`.
-pub(super) type Param = dyn ToSql + Sync;
+/// A message that ends without an order: its index in the segment, the result its
+/// inbox row gets, and the order id that result names.
+type Ended = (usize, ResultCode, Option<i64>);
 
 /// Runs the segment's messages; one outcome per message, in order.
 pub(super) async fn run_segment(
@@ -50,9 +46,55 @@ pub(super) async fn run_segment(
     let bucket = inputs[0].msg;
     let mut outcomes: Vec<Option<OrderOutcome>> = vec![None; inputs.len()];
     // Messages that end without an order: the result their inbox row gets.
-    let mut results: Vec<(usize, ResultCode, Option<i64>)> = Vec::new();
+    let mut results: Vec<Ended> = Vec::new();
 
     // 1. Inbox (§9.1): the messages whose row already existed are redeliveries.
+    let fresh = claim_inbox(tx, st, ctx, inputs, &mut outcomes).await?;
+
+    // 2. Reservations (§9.2). A row this statement inserted is this message's own and
+    //    invisible to everyone else; only the others need reading under a lock.
+    let candidates = record_reservations(tx, st, inputs, bucket, &fresh, &mut results).await?;
+
+    // 3. Orders (§9.3): the unique keys decide; a conflict is explained per message.
+    let eligible = insert_orders(tx, st, inputs, bucket, &candidates, &mut results).await?;
+
+    // 4. One conditional UPDATE for the whole segment (§9.4), which also writes the
+    //    ledger rows of the orders it gives a unit: the first `units` eligible
+    //    orders get one, the rest are sold out.
+    let units = if eligible.is_empty() {
+        0
+    } else {
+        take_units(tx, st, turn, bucket, &LedgerRows::of(inputs, &eligible)).await?
+    };
+    let (granted, denied) = eligible.split_at(units);
+    results.extend(
+        denied
+            .iter()
+            .map(|&i| (i, ResultCode::PostgresSoldOut, None)),
+    );
+
+    // 5. Everything else, pipelined (§9.5–§9.7, §9.11).
+    let rest = RestRows::of(inputs, granted, denied, &results)?;
+    write_rest(tx, st, ctx, bucket, &rest).await?;
+    if !denied.is_empty() {
+        metrics::counter!(
+            crate::telemetry::names::REDIS_RELEASE_REQUESTED_TOTAL,
+            "reason" => ResultCode::PostgresSoldOut.label()
+        )
+        .increment(denied.len() as u64);
+    }
+
+    answer(inputs, outcomes, granted, results)
+}
+
+/// Step 1: inserts the inbox rows, answers redeliveries from theirs; returns the fresh messages.
+async fn claim_inbox(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    ctx: &OrderTxContext,
+    inputs: &[OrderInput<'_>],
+    outcomes: &mut [Option<OrderOutcome>],
+) -> Result<Vec<usize>, StoreError> {
     let inbox = InboxRows::of(inputs);
     let inserted: HashSet<Uuid> = tx
         .query(
@@ -87,113 +129,162 @@ pub(super) async fn run_segment(
             outcomes[i] = Some(StoredResult::from_row(row)?.answer(input.msg, &inbox.hashes[i])?);
         }
     }
-    let fresh: Vec<usize> = (0..inputs.len())
+    Ok((0..inputs.len())
         .filter(|&i| outcomes[i].is_none())
-        .collect();
+        .collect())
+}
 
-    // 2. Reservations (§9.2). A row this statement inserted is this message's own and
-    //    invisible to everyone else; only the others need reading under a lock.
+/// Step 2: inserts the reservations, judges contested ones under a lock; returns the candidates.
+async fn record_reservations(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    inputs: &[OrderInput<'_>],
+    bucket: &OrderCreateMessage,
+    fresh: &[usize],
+    results: &mut Vec<Ended>,
+) -> Result<Vec<usize>, StoreError> {
     let mut candidates = Vec::with_capacity(fresh.len());
-    if !fresh.is_empty() {
-        let msgs: Vec<_> = fresh.iter().map(|&i| inputs[i].msg).collect();
-        let reservations = ReservationRows::of(&msgs)?;
-        let ours: HashSet<Uuid> = tx
-            .query(
-                &st.get(tx, INSERT_RESERVATIONS).await?,
-                &reservations.params(bucket),
-            )
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        let contested: Vec<Uuid> = fresh
-            .iter()
-            .map(|&i| inputs[i].msg.reservation_id)
-            .filter(|id| !ours.contains(id))
-            .collect();
-        let locked_rows = if contested.is_empty() {
-            Vec::new()
-        } else {
-            tx.query(&st.get(tx, LOCK_RESERVATIONS).await?, &[&contested])
-                .await?
-        };
-        let locked: HashMap<Uuid, &Row> = locked_rows.iter().map(|r| (r.get(7), r)).collect();
-        for &i in &fresh {
-            let msg = inputs[i].msg;
-            if ours.contains(&msg.reservation_id) {
-                candidates.push(i);
-                continue;
-            }
-            match reservation_verdict(msg, locked.get(&msg.reservation_id).copied()) {
-                None => candidates.push(i),
-                Some((code, order_id)) => results.push((i, code, order_id)),
-            }
-        }
+    if fresh.is_empty() {
+        return Ok(candidates);
     }
-
-    // 3. Orders (§9.3): the unique keys decide; a conflict is explained per message.
-    let mut eligible = Vec::with_capacity(candidates.len());
-    if !candidates.is_empty() {
-        let msgs: Vec<_> = candidates.iter().map(|&i| inputs[i].msg).collect();
-        let created: HashSet<i64> = tx
-            .query(
-                &st.get(tx, INSERT_ORDERS).await?,
-                &OrderRows::of(&msgs).params(bucket),
-            )
-            .await?
-            .iter()
-            .map(|r| r.get(0))
-            .collect();
-        for &i in &candidates {
-            let msg = inputs[i].msg;
-            if created.contains(&msg.order_id) {
-                eligible.push(i);
-            } else {
-                let (code, order_id) = explain_order_conflict(tx, st, msg).await?;
-                results.push((i, code, order_id));
-            }
-        }
-    }
-
-    // 4. One conditional UPDATE for the whole segment (§9.4), which also writes the
-    //    ledger rows of the orders it gives a unit: the first `units` eligible
-    //    orders get one, the rest are sold out.
-    let units = if eligible.is_empty() {
-        0
-    } else {
-        take_units(tx, st, turn, bucket, &LedgerRows::of(inputs, &eligible)).await?
-    };
-    let (granted, denied) = eligible.split_at(units);
-    results.extend(
-        denied
-            .iter()
-            .map(|&i| (i, ResultCode::PostgresSoldOut, None)),
-    );
-
-    // 5. Everything else, pipelined (§9.5–§9.7, §9.11).
-    let granted_msgs: Vec<_> = granted.iter().map(|&i| inputs[i].msg).collect();
-    let denied_msgs: Vec<_> = denied.iter().map(|&i| inputs[i].msg).collect();
-    let g_order_ids: Vec<i64> = granted_msgs.iter().map(|m| m.order_id).collect();
-    let g_reservations: Vec<Uuid> = granted_msgs.iter().map(|m| m.reservation_id).collect();
-    let d_order_ids: Vec<i64> = denied_msgs.iter().map(|m| m.order_id).collect();
-    let d_reservations: Vec<Uuid> = denied_msgs.iter().map(|m| m.reservation_id).collect();
-    let mut events = EventRows::default();
-    let mut tasks = TaskRows::default();
-    for msg in &granted_msgs {
-        events.push(order_created_event(msg)?);
-    }
-    for msg in &denied_msgs {
-        let (task, event) = release(msg, ResultCode::PostgresSoldOut)?;
-        tasks.push(task);
-        events.push(event);
-    }
-    let r_message_ids: Vec<Uuid> = results
+    let msgs: Vec<_> = fresh.iter().map(|&i| inputs[i].msg).collect();
+    let reservations = ReservationRows::of(&msgs)?;
+    let ours: HashSet<Uuid> = tx
+        .query(
+            &st.get(tx, INSERT_RESERVATIONS).await?,
+            &reservations.params(bucket),
+        )
+        .await?
         .iter()
-        .map(|&(i, _, _)| inputs[i].msg.message_id)
+        .map(|r| r.get(0))
         .collect();
-    let r_codes: Vec<&str> = results.iter().map(|&(_, code, _)| code.as_str()).collect();
-    let r_order_ids: Vec<Option<i64>> = results.iter().map(|&(_, _, id)| id).collect();
+    let contested: Vec<Uuid> = fresh
+        .iter()
+        .map(|&i| inputs[i].msg.reservation_id)
+        .filter(|id| !ours.contains(id))
+        .collect();
+    let locked_rows = if contested.is_empty() {
+        Vec::new()
+    } else {
+        tx.query(&st.get(tx, LOCK_RESERVATIONS).await?, &[&contested])
+            .await?
+    };
+    let locked: HashMap<Uuid, &Row> = locked_rows.iter().map(|r| (r.get(7), r)).collect();
+    for &i in fresh {
+        let msg = inputs[i].msg;
+        if ours.contains(&msg.reservation_id) {
+            candidates.push(i);
+            continue;
+        }
+        match reservation_verdict(msg, locked.get(&msg.reservation_id).copied()) {
+            None => candidates.push(i),
+            Some((code, order_id)) => results.push((i, code, order_id)),
+        }
+    }
+    Ok(candidates)
+}
 
+/// Step 3: inserts the candidates' orders, explains each conflict; returns the eligible ones.
+async fn insert_orders(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    inputs: &[OrderInput<'_>],
+    bucket: &OrderCreateMessage,
+    candidates: &[usize],
+    results: &mut Vec<Ended>,
+) -> Result<Vec<usize>, StoreError> {
+    let mut eligible = Vec::with_capacity(candidates.len());
+    if candidates.is_empty() {
+        return Ok(eligible);
+    }
+    let msgs: Vec<_> = candidates.iter().map(|&i| inputs[i].msg).collect();
+    let created: HashSet<i64> = tx
+        .query(
+            &st.get(tx, INSERT_ORDERS).await?,
+            &OrderRows::of(&msgs).params(bucket),
+        )
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    for &i in candidates {
+        let msg = inputs[i].msg;
+        if created.contains(&msg.order_id) {
+            eligible.push(i);
+        } else {
+            let (code, order_id) = explain_order_conflict(tx, st, msg).await?;
+            results.push((i, code, order_id));
+        }
+    }
+    Ok(eligible)
+}
+
+/// What step 5 writes, all gathered before its first statement is sent: the granted
+/// orders' items and reservations, the denied ones' rollback, the inbox results,
+/// events and tasks.
+struct RestRows {
+    g_order_ids: Vec<i64>,
+    g_reservations: Vec<Uuid>,
+    g_prices: Vec<i64>,
+    d_order_ids: Vec<i64>,
+    d_reservations: Vec<Uuid>,
+    events: EventRows,
+    tasks: TaskRows,
+    r_message_ids: Vec<Uuid>,
+    r_codes: Vec<&'static str>,
+    r_order_ids: Vec<Option<i64>>,
+}
+
+impl RestRows {
+    /// Fails if an event's or a task's payload cannot be built.
+    fn of(
+        inputs: &[OrderInput<'_>],
+        granted: &[usize],
+        denied: &[usize],
+        results: &[Ended],
+    ) -> Result<Self, StoreError> {
+        let granted_msgs: Vec<_> = granted.iter().map(|&i| inputs[i].msg).collect();
+        let denied_msgs: Vec<_> = denied.iter().map(|&i| inputs[i].msg).collect();
+        let g_order_ids: Vec<i64> = granted_msgs.iter().map(|m| m.order_id).collect();
+        let g_reservations: Vec<Uuid> = granted_msgs.iter().map(|m| m.reservation_id).collect();
+        let d_order_ids: Vec<i64> = denied_msgs.iter().map(|m| m.order_id).collect();
+        let d_reservations: Vec<Uuid> = denied_msgs.iter().map(|m| m.reservation_id).collect();
+        let mut events = EventRows::default();
+        let mut tasks = TaskRows::default();
+        for msg in &granted_msgs {
+            events.push(order_created_event(msg)?);
+        }
+        for msg in &denied_msgs {
+            let (task, event) = release(msg, ResultCode::PostgresSoldOut)?;
+            tasks.push(task);
+            events.push(event);
+        }
+        Ok(Self {
+            g_order_ids,
+            g_reservations,
+            g_prices: granted_msgs.iter().map(|m| m.unit_price).collect(),
+            d_order_ids,
+            d_reservations,
+            events,
+            tasks,
+            r_message_ids: results
+                .iter()
+                .map(|&(i, _, _)| inputs[i].msg.message_id)
+                .collect(),
+            r_codes: results.iter().map(|&(_, code, _)| code.as_str()).collect(),
+            r_order_ids: results.iter().map(|&(_, _, id)| id).collect(),
+        })
+    }
+}
+
+/// Step 5: every write after the allocation, sent back to back and awaited together.
+async fn write_rest(
+    tx: &Transaction<'_>,
+    st: &mut StatementCache,
+    ctx: &OrderTxContext,
+    bucket: &OrderCreateMessage,
+    rows: &RestRows,
+) -> Result<(), StoreError> {
     let insert_items = st.get(tx, INSERT_ORDER_ITEMS).await?;
     let mark_ordered = st.get(tx, MARK_RESERVATIONS_ORDERED).await?;
     let delete_orders = st.get(tx, DELETE_PROVISIONAL_ORDERS).await?;
@@ -201,72 +292,112 @@ pub(super) async fn run_segment(
     let update_inbox = st.get(tx, UPDATE_INBOX_RESULTS).await?;
     let insert_events = st.get(tx, INSERT_EVENTS).await?;
     let insert_tasks = st.get(tx, INSERT_TASKS).await?;
-    let g_prices: Vec<i64> = granted_msgs.iter().map(|m| m.unit_price).collect();
-    let (ordered, pending, rejected) = (
+    // Every statement is at hand: the five writes go out back to back, with no
+    // answer awaited in between, so the hot row stays locked about one round trip.
+    futures_util::try_join!(
+        write_granted(tx, &insert_items, &mark_ordered, ctx, bucket, rows),
+        write_denied(tx, &delete_orders, &reject, rows),
+        record_results(tx, &update_inbox, ctx, rows),
+        async { Ok(rows.events.insert(tx.client(), &insert_events).await?) },
+        async { Ok(rows.tasks.insert(tx.client(), &insert_tasks).await?) },
+    )?;
+    Ok(())
+}
+
+/// Step 5, granted orders: their items and their reservations ORDERED, sent together.
+async fn write_granted(
+    tx: &Transaction<'_>,
+    insert_items: &Statement,
+    mark_ordered: &Statement,
+    ctx: &OrderTxContext,
+    bucket: &OrderCreateMessage,
+    rows: &RestRows,
+) -> Result<(), StoreError> {
+    let granted = rows.g_order_ids.len();
+    if granted == 0 {
+        return Ok(());
+    }
+    let (ordered, pending) = (
         ReservationStatus::Ordered.code(),
+        ReservationStatus::PendingDb.code(),
+    );
+    let items_params: [&Param; 5] = [
+        &bucket.activity_id,
+        &bucket.sku_id,
+        &ctx.sku_title,
+        &rows.g_order_ids,
+        &rows.g_prices,
+    ];
+    let mark_params: [&Param; 4] = [&ordered, &pending, &rows.g_reservations, &rows.g_order_ids];
+    let (items, marked) = futures_util::try_join!(
+        tx.execute(insert_items, &items_params),
+        tx.execute(mark_ordered, &mark_params),
+    )?;
+    expect_rows(items, granted, "order items")?;
+    expect_rows(marked, granted, "reservations locked in PENDING_DB")
+}
+
+/// Step 5, sold-out orders: provisional orders deleted, reservations REJECTED, sent together.
+async fn write_denied(
+    tx: &Transaction<'_>,
+    delete_orders: &Statement,
+    reject: &Statement,
+    rows: &RestRows,
+) -> Result<(), StoreError> {
+    let denied = rows.d_order_ids.len();
+    if denied == 0 {
+        return Ok(());
+    }
+    let (pending, rejected) = (
         ReservationStatus::PendingDb.code(),
         ReservationStatus::Rejected.code(),
     );
     let sold_out = ResultCode::PostgresSoldOut.as_str();
-    let granted_writes = async {
-        if granted.is_empty() {
-            return Ok::<_, StoreError>(());
-        }
-        let items_params: [&Param; 5] = [
-            &bucket.activity_id,
-            &bucket.sku_id,
-            &ctx.sku_title,
-            &g_order_ids,
-            &g_prices,
-        ];
-        let mark_params: [&Param; 4] = [&ordered, &pending, &g_reservations, &g_order_ids];
-        let (items, marked) = futures_util::try_join!(
-            tx.execute(&insert_items, &items_params),
-            tx.execute(&mark_ordered, &mark_params),
-        )?;
-        expect_rows(items, granted.len(), "order items")?;
-        expect_rows(marked, granted.len(), "reservations locked in PENDING_DB")
-    };
-    let denied_writes = async {
-        if denied.is_empty() {
-            return Ok::<_, StoreError>(());
-        }
-        let delete_params: [&Param; 1] = [&d_order_ids];
-        let reject_params: [&Param; 4] = [&rejected, &pending, &sold_out, &d_reservations];
-        let (deleted, rejected) = futures_util::try_join!(
-            tx.execute(&delete_orders, &delete_params),
-            tx.execute(&reject, &reject_params),
-        )?;
-        expect_rows(deleted, denied.len(), "provisional orders")?;
-        expect_rows(rejected, denied.len(), "reservations locked in PENDING_DB")
-    };
-    let recorded = async {
-        if results.is_empty() {
-            return Ok::<_, StoreError>(());
-        }
-        let n = tx
-            .execute(
-                &update_inbox,
-                &[&ctx.consumer_group, &r_message_ids, &r_codes, &r_order_ids],
-            )
-            .await?;
-        expect_rows(n, results.len(), "inbox rows of this transaction")
-    };
-    futures_util::try_join!(
-        granted_writes,
-        denied_writes,
-        recorded,
-        async { Ok(events.insert(tx.client(), &insert_events).await?) },
-        async { Ok(tasks.insert(tx.client(), &insert_tasks).await?) },
+    let delete_params: [&Param; 1] = [&rows.d_order_ids];
+    let reject_params: [&Param; 4] = [&rejected, &pending, &sold_out, &rows.d_reservations];
+    let (deleted, rejected) = futures_util::try_join!(
+        tx.execute(delete_orders, &delete_params),
+        tx.execute(reject, &reject_params),
     )?;
-    if !denied.is_empty() {
-        metrics::counter!(
-            crate::telemetry::names::REDIS_RELEASE_REQUESTED_TOTAL,
-            "reason" => ResultCode::PostgresSoldOut.label()
-        )
-        .increment(denied.len() as u64);
-    }
+    expect_rows(deleted, denied, "provisional orders")?;
+    expect_rows(rejected, denied, "reservations locked in PENDING_DB")
+}
 
+/// Step 5, messages without an order: the result each inbox row gets.
+async fn record_results(
+    tx: &Transaction<'_>,
+    update_inbox: &Statement,
+    ctx: &OrderTxContext,
+    rows: &RestRows,
+) -> Result<(), StoreError> {
+    if rows.r_message_ids.is_empty() {
+        return Ok(());
+    }
+    let n = tx
+        .execute(
+            update_inbox,
+            &[
+                &ctx.consumer_group,
+                &rows.r_message_ids,
+                &rows.r_codes,
+                &rows.r_order_ids,
+            ],
+        )
+        .await?;
+    expect_rows(
+        n,
+        rows.r_message_ids.len(),
+        "inbox rows of this transaction",
+    )
+}
+
+/// The outcomes in message order: created for the granted, the recorded result for the rest.
+fn answer(
+    inputs: &[OrderInput<'_>],
+    mut outcomes: Vec<Option<OrderOutcome>>,
+    granted: &[usize],
+    results: Vec<Ended>,
+) -> Result<Vec<OrderOutcome>, StoreError> {
     for &i in granted {
         outcomes[i] = Some(OrderOutcome {
             code: ResultCode::OrderCreated,
@@ -285,181 +416,6 @@ pub(super) async fn run_segment(
         .into_iter()
         .map(|o| o.ok_or_else(|| StoreError::Anomaly("a message got no outcome".into())))
         .collect()
-}
-
-/// The inbox rows of a segment's messages, as the columns of `insert_inbox!`.
-pub(super) struct InboxRows<'a> {
-    pub(super) message_ids: Vec<Uuid>,
-    pub(super) topics: Vec<&'a str>,
-    pub(super) reservation_ids: Vec<Uuid>,
-    pub(super) hashes: Vec<Vec<u8>>,
-    pub(super) order_ids: Vec<i64>,
-}
-
-impl<'a> InboxRows<'a> {
-    pub(super) fn of(inputs: &[OrderInput<'a>]) -> Self {
-        Self {
-            message_ids: inputs.iter().map(|i| i.msg.message_id).collect(),
-            topics: inputs.iter().map(|i| i.topic).collect(),
-            reservation_ids: inputs.iter().map(|i| i.msg.reservation_id).collect(),
-            hashes: inputs.iter().map(|i| payload_hash(i.msg)).collect(),
-            order_ids: inputs.iter().map(|i| i.msg.order_id).collect(),
-        }
-    }
-
-    pub(super) fn params<'p>(&'p self, consumer_group: &'p String) -> [&'p (dyn ToSql + Sync); 6] {
-        [
-            consumer_group,
-            &self.message_ids,
-            &self.topics,
-            &self.reservation_ids,
-            &self.hashes,
-            &self.order_ids,
-        ]
-    }
-}
-
-/// Reservation rows for messages, as the columns of `INSERT_RESERVATIONS`,
-/// `INSERT_ORDERED_RESERVATIONS` and `INSERT_REJECTED_RESERVATIONS`.
-pub(super) struct ReservationRows {
-    pub(super) reservation_ids: Vec<Uuid>,
-    pub(super) request_ids: Vec<Uuid>,
-    pub(super) message_ids: Vec<Uuid>,
-    pub(super) users: Vec<i64>,
-    pub(super) reserved_at: Vec<DateTime<Utc>>,
-    pub(super) expires: Vec<DateTime<Utc>>,
-}
-
-impl ReservationRows {
-    /// Fails if a message's reservation has no valid expiry.
-    pub(super) fn of(msgs: &[&OrderCreateMessage]) -> Result<Self, StoreError> {
-        Ok(Self {
-            reservation_ids: msgs.iter().map(|m| m.reservation_id).collect(),
-            request_ids: msgs.iter().map(|m| m.request_id).collect(),
-            message_ids: msgs.iter().map(|m| m.message_id).collect(),
-            users: msgs.iter().map(|m| m.user_id).collect(),
-            reserved_at: msgs.iter().map(|m| m.reserved_at).collect(),
-            expires: msgs
-                .iter()
-                .map(|m| reservation_expires_at(m))
-                .collect::<Result<_, _>>()?,
-        })
-    }
-
-    /// `INSERT_RESERVATIONS`' parameters.
-    pub(super) fn params<'p>(&'p self, bucket: &'p OrderCreateMessage) -> [&'p Param; 9] {
-        [
-            &bucket.activity_id,
-            &bucket.sku_id,
-            &bucket.inventory_bucket,
-            &self.reservation_ids,
-            &self.request_ids,
-            &self.message_ids,
-            &self.users,
-            &self.reserved_at,
-            &self.expires,
-        ]
-    }
-
-    /// `INSERT_ORDERED_RESERVATIONS`' parameters: those of `params`, then the
-    /// ORDERED status code and the messages' orders.
-    pub(super) fn ordered_params<'p>(
-        &'p self,
-        bucket: &'p OrderCreateMessage,
-        ordered: &'p i16,
-        order_ids: &'p Vec<i64>,
-    ) -> [&'p Param; 11] {
-        let [a, b, c, d, e, f, g, h, i] = self.params(bucket);
-        [a, b, c, d, e, f, g, h, i, ordered, order_ids]
-    }
-
-    /// `INSERT_REJECTED_RESERVATIONS`' parameters: those of `params`, then the
-    /// REJECTED status code and the failure code.
-    pub(super) fn rejected_params<'p>(
-        &'p self,
-        bucket: &'p OrderCreateMessage,
-        rejected: &'p i16,
-        failure: &'p &str,
-    ) -> [&'p (dyn ToSql + Sync); 11] {
-        let [a, b, c, d, e, f, g, h, i] = self.params(bucket);
-        [a, b, c, d, e, f, g, h, i, rejected, failure]
-    }
-}
-
-/// Order rows for messages, as the columns of `INSERT_ORDERS` and `INSERT_NEW_ORDERS`.
-pub(super) struct OrderRows<'m> {
-    pub(super) order_ids: Vec<i64>,
-    pub(super) order_nos: Vec<&'m str>,
-    pub(super) request_ids: Vec<Uuid>,
-    pub(super) reservation_ids: Vec<Uuid>,
-    pub(super) message_ids: Vec<Uuid>,
-    pub(super) users: Vec<i64>,
-    pub(super) prices: Vec<i64>,
-    pub(super) currencies: Vec<&'m str>,
-    pub(super) expire_at: Vec<DateTime<Utc>>,
-}
-
-impl<'m> OrderRows<'m> {
-    pub(super) fn of(msgs: &[&'m OrderCreateMessage]) -> Self {
-        Self {
-            order_ids: msgs.iter().map(|m| m.order_id).collect(),
-            order_nos: msgs.iter().map(|m| m.order_no.as_str()).collect(),
-            request_ids: msgs.iter().map(|m| m.request_id).collect(),
-            reservation_ids: msgs.iter().map(|m| m.reservation_id).collect(),
-            message_ids: msgs.iter().map(|m| m.message_id).collect(),
-            users: msgs.iter().map(|m| m.user_id).collect(),
-            prices: msgs.iter().map(|m| m.unit_price).collect(),
-            currencies: msgs.iter().map(|m| m.currency.as_str()).collect(),
-            expire_at: msgs.iter().map(|m| m.order_expire_at).collect(),
-        }
-    }
-
-    pub(super) fn params<'p>(
-        &'p self,
-        bucket: &'p OrderCreateMessage,
-    ) -> [&'p (dyn ToSql + Sync); 12] {
-        [
-            &bucket.activity_id,
-            &bucket.sku_id,
-            &bucket.inventory_bucket,
-            &self.order_ids,
-            &self.order_nos,
-            &self.request_ids,
-            &self.reservation_ids,
-            &self.message_ids,
-            &self.users,
-            &self.prices,
-            &self.currencies,
-            &self.expire_at,
-        ]
-    }
-}
-
-/// The ledger rows of a segment's eligible orders, in arrival order; the first
-/// `units` of them are written by the UPDATE that takes `units`.
-pub(super) struct LedgerRows {
-    pub(super) ledger_ids: Vec<i64>,
-    pub(super) reservations: Vec<Uuid>,
-    pub(super) order_ids: Vec<i64>,
-    pub(super) message_ids: Vec<Uuid>,
-    pub(super) users: Vec<i64>,
-}
-
-impl LedgerRows {
-    pub(super) fn of(inputs: &[OrderInput<'_>], eligible: &[usize]) -> Self {
-        let msgs = || eligible.iter().map(|&i| inputs[i].msg);
-        Self {
-            ledger_ids: eligible.iter().map(|&i| inputs[i].ledger_id).collect(),
-            reservations: msgs().map(|m| m.reservation_id).collect(),
-            order_ids: msgs().map(|m| m.order_id).collect(),
-            message_ids: msgs().map(|m| m.message_id).collect(),
-            users: msgs().map(|m| m.user_id).collect(),
-        }
-    }
-
-    pub(super) fn len(&self) -> usize {
-        self.ledger_ids.len()
-    }
 }
 
 /// Takes a unit for each of `ledgers`' orders, in turn, and writes their ledger

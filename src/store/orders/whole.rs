@@ -13,7 +13,7 @@ use tokio_postgres::Client;
 
 use super::allocation::AllocationTurn;
 use super::context::{OrderInput, OrderTxContext};
-use super::set_based::{InboxRows, LedgerRows, OrderRows, Param, ReservationRows};
+use super::rows::{InboxRows, LedgerRows, OrderRows, Param, ReservationRows};
 use super::sql::{
     CHECK_SOLD_OUT, INSERT_NEW_ORDERS, INSERT_ORDERED_RESERVATIONS, INSERT_ORDER_ITEMS,
     INSERT_REJECTED_RESERVATIONS, SET_TX_SETTINGS, TAKE_ALL,
