@@ -1,13 +1,19 @@
 //! Shared status that the engine's parts report and HTTP, telemetry and the outbox
 //! publisher read: deliveries in flight (`IntakeStats`, with the acks that
-//! settled them, `AckCounts`) and whether the engine takes work (`Readiness`). It sits low so that readers need not import the
-//! actors that write it.
+//! settled them, `AckCounts`), whether the engine takes work (`Readiness`, with the
+//! shards it owns, `Shards`), and the live figures its pages show (`Live`). The one
+//! home of an engine's live state: each engine creates its own handles and passes
+//! them down, so two engines of one process share nothing. It sits low so that
+//! readers need not import the actors that write it.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::domain::ids::IdGenerator;
+use crate::telemetry::recent::Recent;
+use crate::telemetry::sampled::Sampled;
+use crate::telemetry::trace::Traced;
 
 /// Deliveries received and not yet settled (acked, retried or dead-lettered), shared
 /// by every intake of an engine. The broker's unacked count for our consumers is the
@@ -120,10 +126,20 @@ pub struct Readiness {
     frontstage: std::sync::Mutex<Option<Option<String>>>,
     ids: OnceLock<Arc<IdGenerator>>,
     shards: Shards,
+    /// The engine's live figures: carried here so that every holder of the one
+    /// handle the engine passes around (its listeners included) reaches them.
+    live: Arc<Live>,
 }
 
 impl Default for Readiness {
     fn default() -> Self {
+        Self::new(Arc::default())
+    }
+}
+
+impl Readiness {
+    /// Ready, not paused, carrying the engine's `live` figures.
+    pub fn new(live: Arc<Live>) -> Self {
         Self {
             ready: AtomicBool::new(true),
             paused: AtomicBool::new(false),
@@ -131,11 +147,13 @@ impl Default for Readiness {
             frontstage: std::sync::Mutex::new(None),
             ids: OnceLock::new(),
             shards: Shards::default(),
+            live,
         }
     }
-}
-
-impl Readiness {
+    /// The engine's live figures (`Live`).
+    pub fn live(&self) -> &Arc<Live> {
+        &self.live
+    }
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }
@@ -204,6 +222,51 @@ impl Readiness {
     /// Whether the intakes should consume now.
     pub fn accepting(&self) -> bool {
         self.is_ready() && !self.is_paused() && self.may_mint()
+    }
+}
+
+/// What an engine's pages show of the moment, written by its parts as they run:
+/// the order latency of the last seconds (the bucket actors; the live page), the
+/// gauges whose series come and go (the gauge sampler and the reconciler;
+/// `/metrics`), the activities followed (the settings and `POST /admin/trace`; the
+/// bucket actors and the intakes log by it), and the dead-letter queues' depths (the
+/// gauge sampler; the live page). The types and their rules are telemetry's.
+#[derive(Debug, Default)]
+pub struct Live {
+    recent: Recent,
+    sampled: Sampled,
+    traced: Traced,
+    /// Each dead-letter queue and its depth, as last sampled.
+    dead_letters: Mutex<Vec<(String, u32)>>,
+}
+
+impl Live {
+    /// The order latency of the last few seconds.
+    pub fn recent(&self) -> &Recent {
+        &self.recent
+    }
+    /// The gauges whose series come and go with the data.
+    pub fn sampled(&self) -> &Sampled {
+        &self.sampled
+    }
+    /// The activities whose orders are logged at INFO.
+    pub fn traced(&self) -> &Traced {
+        &self.traced
+    }
+    /// Each dead-letter queue and its depth, as last sampled (empty before the
+    /// first sample).
+    pub fn dead_letter_depths(&self) -> Vec<(String, u32)> {
+        self.dead_letters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+    /// Records the depths the gauge sampler read.
+    pub fn set_dead_letter_depths(&self, depths: Vec<(String, u32)>) {
+        *self
+            .dead_letters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = depths;
     }
 }
 
@@ -301,7 +364,24 @@ impl Shards {
 
 #[cfg(test)]
 mod tests {
-    use super::Shards;
+    use super::{Live, Readiness, Shards};
+
+    #[test]
+    fn two_engines_share_no_live_state() {
+        let (a, b) = (Readiness::default(), Readiness::default());
+        a.live().set_dead_letter_depths(vec![("q.dead".into(), 3)]);
+        a.live().traced().follow_always(&[5]);
+        a.live()
+            .recent()
+            .record(std::time::Duration::from_millis(4));
+        assert_eq!(b.live().dead_letter_depths(), vec![]);
+        assert!(!b.live().traced().followed(5));
+        assert_eq!(b.live().recent().summary(), None);
+        assert_eq!(a.live().recent().summary().map(|s| s.0), Some(1));
+        let shared = std::sync::Arc::new(Live::default());
+        let c = Readiness::new(shared.clone());
+        assert!(std::sync::Arc::ptr_eq(c.live(), &shared));
+    }
 
     #[test]
     fn shards_belong_to_the_rank_s_mod_k() {

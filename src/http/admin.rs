@@ -194,7 +194,7 @@ async fn metrics(admin: web::Data<Admin>, req: actix_web::HttpRequest) -> HttpRe
     match crate::telemetry::metrics() {
         Some(handle) => {
             let mut text = handle.render();
-            crate::telemetry::sampled::render(&mut text);
+            admin.readiness.live().sampled().render(&mut text);
             HttpResponse::Ok()
                 .content_type("text/plain; version=0.0.4")
                 .body(text)
@@ -279,13 +279,21 @@ async fn collect_status(admin: &Admin) -> super::live_page::Status {
         paused: admin.readiness.is_paused(),
         node_id: admin.readiness.node_id(),
         in_flight: admin.intakes.in_flight(),
-        latency: crate::telemetry::recent::summary().map(|(orders, p50, p99)| Latency {
-            orders,
-            p50_ms: p50 * 1000.0,
-            p99_ms: p99 * 1000.0,
-        }),
+        latency: admin
+            .readiness
+            .live()
+            .recent()
+            .summary()
+            .map(|(orders, p50, p99)| Latency {
+                orders,
+                p50_ms: p50 * 1000.0,
+                p99_ms: p99 * 1000.0,
+            }),
         backlog,
-        dead_letters: crate::services::gauges::dead_letter_depths()
+        dead_letters: admin
+            .readiness
+            .live()
+            .dead_letter_depths()
             .into_iter()
             .map(|(queue, messages)| DeadLetters { queue, messages })
             .collect(),

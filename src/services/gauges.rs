@@ -10,6 +10,7 @@
 
 use std::cell::{Cell, RefCell};
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::LocalBoxFuture;
@@ -17,21 +18,10 @@ use futures_util::future::LocalBoxFuture;
 use super::runner::{Outcome, Service, ServiceError};
 use crate::config::AmqpSettings;
 use crate::mq::topology::Names;
+use crate::status::Live;
 use crate::store::{health, invariants, ops, Pool};
 use crate::telemetry::names;
-use crate::telemetry::sampled::{self, Series};
-
-/// The dead-letter queues' depths the sampler read last (for the live page).
-static DEAD_LETTER_DEPTHS: std::sync::Mutex<Vec<(String, u32)>> = std::sync::Mutex::new(Vec::new());
-
-/// Each dead-letter queue and its depth, as last sampled (empty before the first
-/// sample).
-pub fn dead_letter_depths() -> Vec<(String, u32)> {
-    DEAD_LETTER_DEPTHS
-        .lock()
-        .map(|d| d.clone())
-        .unwrap_or_default()
-}
+use crate::telemetry::sampled::Series;
 
 pub struct GaugeSampler {
     inner: Rc<Inner>,
@@ -47,6 +37,8 @@ struct Inner {
     conservation_at: Cell<Option<Instant>>,
     /// Opened on first use and again after a failure.
     channel: RefCell<Option<(Rc<lapin::Connection>, lapin::Channel)>>,
+    /// Where the sampled series and the dead-letter depths go (the engine's).
+    live: Arc<Live>,
 }
 
 impl GaugeSampler {
@@ -55,6 +47,7 @@ impl GaugeSampler {
         amqp: AmqpSettings,
         interval: Duration,
         conservation_every: Duration,
+        live: Arc<Live>,
     ) -> Self {
         let names = Names::new(&amqp.namespace);
         Self {
@@ -66,6 +59,7 @@ impl GaugeSampler {
                 conservation_every,
                 conservation_at: Cell::new(None),
                 channel: RefCell::new(None),
+                live,
             }),
         }
     }
@@ -115,15 +109,15 @@ impl Inner {
                 .map(|b| Series::new(labels(b), value(b)))
                 .collect::<Vec<_>>()
         };
-        sampled::replace(
+        self.live.sampled().replace(
             names::BUCKET_AVAILABLE_UNITS,
             series(|b| f64::from(b.available)),
         );
-        sampled::replace(
+        self.live.sampled().replace(
             names::BUCKET_ALLOCATED_UNITS,
             series(|b| f64::from(b.allocated)),
         );
-        sampled::replace(
+        self.live.sampled().replace(
             names::BUCKET_SOLD_OUT,
             series(|b| if b.available == 0 { 1.0 } else { 0.0 }),
         );
@@ -140,7 +134,7 @@ impl Inner {
 
         let tables = health::tables(client).await?;
         let table = |t: &crate::store::diagnose::TableHealth| vec![("table", t.table.clone())];
-        sampled::replace(
+        self.live.sampled().replace(
             names::TABLE_DEAD_TUPLES,
             tables
                 .iter()
@@ -148,7 +142,7 @@ impl Inner {
                 .collect(),
         );
         let now = chrono::Utc::now();
-        sampled::replace(
+        self.live.sampled().replace(
             names::TABLE_LAST_VACUUM_AGE_SECONDS,
             tables
                 .iter()
@@ -161,14 +155,14 @@ impl Inner {
 
         let standbys = health::standbys(client).await?;
         let standby = |s: &crate::store::diagnose::Standby| vec![("standby", s.name.clone())];
-        sampled::replace(
+        self.live.sampled().replace(
             names::STANDBY_REPLAY_LAG_SECONDS,
             standbys
                 .iter()
                 .map(|s| Series::new(standby(s), s.replay_lag_seconds.unwrap_or(0.0)))
                 .collect(),
         );
-        sampled::replace(
+        self.live.sampled().replace(
             names::STANDBY_REPLAY_LAG_BYTES,
             standbys
                 .iter()
@@ -227,9 +221,7 @@ impl Inner {
                 }
             }
         }
-        if let Ok(mut last) = DEAD_LETTER_DEPTHS.lock() {
-            *last = depths;
-        }
+        self.live.set_dead_letter_depths(depths);
         Ok(())
     }
 }
