@@ -28,7 +28,7 @@ use crate::services::node_lease::{
     fence_after, NodeLeaseKeeper, LIVE_WINDOW, MARGIN as LEASE_MARGIN,
 };
 use crate::services::outbox_publisher::{OrderLoad, OutboxConfig, OutboxPublisher};
-use crate::services::readiness::ReadinessMonitor;
+use crate::services::readiness::{ReadinessMonitor, CHECK_TIMEOUT};
 use crate::services::reconciler::Reconciler;
 use crate::services::retention::{Retention, RetentionConfig};
 use crate::services::runner::{Maintenance, Service};
@@ -122,6 +122,7 @@ impl Engine {
         };
         let supervisor = with_intakes(supervisor, &intake, &lanes, &names, router, &pool).start();
         wait_consuming(&supervisor, &stats, settings.owned_shards().len() + 1).await?;
+        wait_first_check(&readiness).await;
         tracing::info!(
             node_id = ids.node_id(),
             shards = ?settings.owned_shards(),
@@ -435,6 +436,16 @@ async fn wait_consuming(
         actix_rt::time::sleep(Duration::from_millis(10)).await;
     }
     Ok(())
+}
+
+/// Waits for the readiness monitor's first findings (its checks take
+/// `CHECK_TIMEOUT` each at most), so that the listeners started next show them
+/// from their first answer; a monitor that has not answered by then is logged and
+/// the start goes on.
+async fn wait_first_check(readiness: &Readiness) {
+    if !readiness.checked(CHECK_TIMEOUT * 3).await {
+        tracing::warn!("the readiness monitor has not checked the dependencies yet");
+    }
 }
 
 /// What every intake needs, to make one supervised child per consumed queue.

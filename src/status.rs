@@ -110,6 +110,23 @@ impl Drop for InFlight {
     }
 }
 
+/// What the readiness monitor found of the engine's dependencies on its last check,
+/// each `None` when fine, else why not. The monitor is the only one that probes
+/// them; `/readyz` shows this, with its age.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Checks {
+    /// Why orders may not run on the database now (`store::primary`): no writable
+    /// primary, a stalled COMMIT, no synchronous standby, no connection.
+    pub postgres: Option<String>,
+    /// Why the database's schema is not this build's (shown by `/readyz`; intake
+    /// does not stop for it).
+    pub schema: Option<String>,
+    /// Why Redis did not answer.
+    pub redis: Option<String>,
+    /// When the monitor made these checks; `None` before its first.
+    pub at: Option<std::time::Instant>,
+}
+
 /// The shared answer; starts ready (the engine checked everything while starting).
 /// An operator may also pause intake (admin API); the intakes consume only while
 /// the engine is ready, not paused, and may mint ids (its node id lease is current).
@@ -117,10 +134,9 @@ impl Drop for InFlight {
 pub struct Readiness {
     ready: AtomicBool,
     paused: AtomicBool,
-    /// Why orders may not run on the database now, as the monitor last found
-    /// (`store::primary`): no writable primary, a stalled COMMIT, no synchronous
-    /// standby, no connection.
-    postgres: std::sync::Mutex<Option<String>>,
+    /// The readiness monitor's last findings (before its first check, only what
+    /// the engine found of the primary while starting).
+    checks: std::sync::Mutex<Checks>,
     /// The front stage's own Redis and broker links, when one runs in this process:
     /// `None` until it reports, then its problem, if any (`http::front`).
     frontstage: std::sync::Mutex<Option<Option<String>>>,
@@ -143,7 +159,7 @@ impl Readiness {
         Self {
             ready: AtomicBool::new(true),
             paused: AtomicBool::new(false),
-            postgres: std::sync::Mutex::new(None),
+            checks: std::sync::Mutex::new(Checks::default()),
             frontstage: std::sync::Mutex::new(None),
             ids: OnceLock::new(),
             shards: Shards::default(),
@@ -167,20 +183,37 @@ impl Readiness {
     }
     /// What the monitor last found wrong with the database, if anything.
     pub fn postgres_problem(&self) -> Option<String> {
-        self.postgres
+        self.checks().postgres
+    }
+    /// The monitor's last findings, with when it made them.
+    pub fn checks(&self) -> Checks {
+        self.checks
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
-    /// Records the monitor's finding; whether it changed.
-    pub(crate) fn set_postgres(&self, problem: Option<String>) -> bool {
-        let mut held = self
-            .postgres
+    /// What the engine found of the primary while starting, before the monitor's
+    /// first check.
+    pub(crate) fn set_postgres(&self, problem: Option<String>) {
+        self.checks
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let changed = *held != problem;
-        *held = problem;
-        changed
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .postgres = problem;
+    }
+    /// Records the monitor's findings; returns the ones they replace.
+    pub(crate) fn record_checks(&self, checks: Checks) -> Checks {
+        std::mem::replace(
+            &mut *self
+                .checks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            checks,
+        )
+    }
+    /// Waits until the monitor has checked once, or `grace` has passed; returns
+    /// whether it has.
+    pub async fn checked(&self, grace: std::time::Duration) -> bool {
+        poll_until(grace, || self.checks().at.is_some()).await
     }
     /// The front stage's last report: `None` if none runs here, else its problem.
     pub fn frontstage_problem(&self) -> Option<Option<String>> {
@@ -364,7 +397,32 @@ impl Shards {
 
 #[cfg(test)]
 mod tests {
-    use super::{Live, Readiness, Shards};
+    use super::{Checks, Live, Readiness, Shards};
+
+    #[tokio::test]
+    async fn the_monitors_findings_replace_the_start_ones_with_their_time() {
+        let r = Readiness::default();
+        r.set_postgres(Some("no writable primary".into()));
+        assert_eq!(
+            r.checks().at,
+            None,
+            "the start's finding is not the monitor's"
+        );
+        assert!(
+            !r.checked(std::time::Duration::from_millis(30)).await,
+            "not checked yet"
+        );
+        let found = Checks {
+            redis: Some("refused".into()),
+            at: Some(std::time::Instant::now()),
+            ..Checks::default()
+        };
+        let before = r.record_checks(found.clone());
+        assert_eq!(before.postgres.as_deref(), Some("no writable primary"));
+        assert_eq!(r.postgres_problem(), None);
+        assert_eq!(r.checks(), found);
+        assert!(r.checked(std::time::Duration::ZERO).await);
+    }
 
     #[test]
     fn two_engines_share_no_live_state() {
