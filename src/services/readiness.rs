@@ -59,15 +59,9 @@ impl Inner {
     /// Every dependency, once: the findings, stamped with when they were made.
     async fn check(&self) -> Checks {
         let (postgres, schema) = self.database().await;
-        let redis = async {
-            let mut conn = crate::redis::connect(&self.redis).await?;
-            crate::redis::commands::ping(&mut conn).await
-        };
-        let redis = match tokio::time::timeout(CHECK_TIMEOUT, redis).await {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(e.to_string()),
-            Err(_) => Some("no answer within 2 s".to_owned()),
-        };
+        let redis = crate::redis::health::check_new(&self.redis, CHECK_TIMEOUT)
+            .await
+            .err();
         Checks {
             postgres,
             schema,

@@ -100,16 +100,10 @@ impl Links {
     /// closed, so the first buyer after a blip does not pay for it).
     pub(super) async fn check(&self) {
         let mut redis = self.redis.clone();
-        let redis = match tokio::time::timeout(
-            LINK_CHECK_TIMEOUT,
-            crate::redis::commands::ping(&mut redis),
-        )
-        .await
-        {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(format!("redis: {e}")),
-            Err(_) => Some("redis: no answer within 1 s".to_owned()),
-        };
+        let redis = crate::redis::health::check(&mut redis, LINK_CHECK_TIMEOUT)
+            .await
+            .err()
+            .map(|why| format!("redis: {why}"));
         let broker = match tokio::time::timeout(LINK_CHECK_TIMEOUT, self.publisher()).await {
             Ok(Ok(_)) => None,
             Ok(Err(e)) => Some(format!("rabbitmq: {e}")),
