@@ -236,6 +236,7 @@ impl Inner {
         Ok(conn)
     }
 
+    /// The row's next retry delay: `domain::backoff` with this service's base and cap.
     fn backoff(&self, retry_count: i32) -> Duration {
         backoff(
             self.config.backoff_base,

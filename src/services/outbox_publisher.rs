@@ -219,6 +219,7 @@ impl Inner {
             .more(claimed as i64 >= self.config.batch_size && failed == 0))
     }
 
+    /// The row's next retry delay: `domain::backoff` with this service's base and cap.
     fn backoff(&self, retry_count: i32) -> Duration {
         backoff(
             self.config.backoff_base,
