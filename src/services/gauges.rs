@@ -8,7 +8,7 @@
 //! `telemetry.sample_interval_ms` and writes nothing; its runs are not logged, since
 //! every run "does" something.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::rc::Rc;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -17,6 +17,7 @@ use futures_util::future::LocalBoxFuture;
 
 use super::runner::{Outcome, Service, ServiceError};
 use crate::config::AmqpSettings;
+use crate::mq::reconnecting::Reconnecting;
 use crate::mq::topology::Names;
 use crate::status::Live;
 use crate::store::{health, invariants, ops, Pool};
@@ -29,14 +30,13 @@ pub struct GaugeSampler {
 
 struct Inner {
     pool: Pool,
-    amqp: AmqpSettings,
     dead_queues: Vec<String>,
     interval: Duration,
     /// How often the stock invariants run, and when they last did.
     conservation_every: Duration,
     conservation_at: Cell<Option<Instant>>,
     /// Opened on first use and again after a failure.
-    channel: RefCell<Option<(Rc<lapin::Connection>, lapin::Channel)>>,
+    channel: Reconnecting<lapin::Channel>,
     /// Where the sampled series and the dead-letter depths go (the engine's).
     live: Arc<Live>,
 }
@@ -54,11 +54,10 @@ impl GaugeSampler {
             inner: Rc::new(Inner {
                 pool,
                 dead_queues: vec![names.order_dead_queue(), names.payment_dead_queue()],
-                amqp,
                 interval,
                 conservation_every,
                 conservation_at: Cell::new(None),
-                channel: RefCell::new(None),
+                channel: Reconnecting::new(&amqp, "seckill-gauges"),
                 live,
             }),
         }
@@ -193,18 +192,7 @@ impl Inner {
     }
 
     async fn sample_dead_letters(&self) -> Result<(), ServiceError> {
-        let existing = self.channel.borrow().clone();
-        let (connection, channel) = match existing {
-            Some(open) if open.1.status().connected() => open,
-            _ => {
-                let connection = crate::mq::connect(&self.amqp, "seckill-gauges").await?;
-                let channel = connection.create_channel().await?;
-                let open = (Rc::new(connection), channel);
-                *self.channel.borrow_mut() = Some(open.clone());
-                open
-            }
-        };
-        let _keep_alive = connection;
+        let channel = self.channel.get().await?;
         let mut depths = Vec::with_capacity(self.dead_queues.len());
         for queue in &self.dead_queues {
             let declared = crate::mq::queue_counts(&channel, queue).await;
@@ -215,8 +203,9 @@ impl Inner {
                     depths.push((queue.clone(), counts.messages));
                 }
                 Err(e) => {
-                    // A failed passive declare closes the channel; open a new one next run.
-                    *self.channel.borrow_mut() = None;
+                    // A failed passive declare closes the channel; open a new one
+                    // (on a new connection) next run.
+                    self.channel.reset().await;
                     return Err(e.into());
                 }
             }
