@@ -28,13 +28,13 @@ use crate::services::node_lease::{
     fence_after, NodeLeaseKeeper, LIVE_WINDOW, MARGIN as LEASE_MARGIN,
 };
 use crate::services::outbox_publisher::{OrderLoad, OutboxConfig, OutboxPublisher};
-use crate::services::readiness::ReadinessMonitor;
+use crate::services::readiness::{ReadinessMonitor, CHECK_TIMEOUT};
 use crate::services::reconciler::Reconciler;
 use crate::services::retention::{Retention, RetentionConfig};
 use crate::services::runner::{Maintenance, Service};
 use crate::services::supervisor::{ChildFactory, Shutdown, Supervisor};
 use crate::services::sweeper::{Sweeper, SweeperConfig};
-use crate::status::{IntakeStats, Readiness};
+use crate::status::{IntakeStats, Live, Readiness};
 use crate::store::migrate::{self, MigrateError};
 use crate::store::node_lease::{self, Holder};
 use crate::store::primary;
@@ -97,7 +97,7 @@ impl Engine {
     /// Starts the engine phase by phase; each phase fails fast with what it found,
     /// before the next one depends on it.
     pub async fn start(settings: &Settings) -> Result<Engine, EngineError> {
-        follow_settings(settings);
+        let live = follow_settings(settings);
         let lanes = Lanes::start(lanes::threads(settings.engine.pipeline_threads)).await;
         // Its connections are opened and driven on the lanes' runtimes, in turn.
         let pool = build_pool_on(&settings.database, lanes.runtimes())?;
@@ -108,10 +108,11 @@ impl Engine {
         };
         let ids = lease_node_id(&pool, settings, &holder, lease_ttl(settings)).await?;
         let names = declare_broker_topology(settings).await?;
-        let (permits, router) = start_pipeline(settings, &pool, &ids, &lanes);
+        let (permits, router) = start_pipeline(settings, &pool, &ids, &lanes, &live);
         let stats = Arc::new(IntakeStats::default());
-        let readiness = initial_readiness(settings, &pool, &ids, postgres_problem).await?;
-        let supervisor = background_services(settings, &pool, stats.clone(), ids.clone());
+        let readiness = initial_readiness(settings, &pool, &ids, postgres_problem, live).await?;
+        let supervisor =
+            background_services(settings, &pool, stats.clone(), ids.clone(), &readiness);
         let supervisor = with_monitors(supervisor, settings, &pool, &ids, &holder, &readiness);
         let intake = IntakeStarter {
             settings,
@@ -121,6 +122,7 @@ impl Engine {
         };
         let supervisor = with_intakes(supervisor, &intake, &lanes, &names, router, &pool).start();
         wait_consuming(&supervisor, &stats, settings.owned_shards().len() + 1).await?;
+        wait_first_check(&readiness).await;
         tracing::info!(
             node_id = ids.node_id(),
             shards = ?settings.owned_shards(),
@@ -190,10 +192,13 @@ impl Engine {
     }
 }
 
-/// The tracing the settings ask for, and a warning about a setting that weakens a
-/// promise: both before anything runs, so the first orders are traced and logged.
-fn follow_settings(settings: &Settings) {
-    crate::telemetry::trace::follow_always(&settings.telemetry.trace_activities);
+/// This engine's live figures, following the activities the settings name, and a
+/// warning about a setting that weakens a promise: both before anything runs, so
+/// the first orders are traced and logged.
+fn follow_settings(settings: &Settings) -> Arc<Live> {
+    let live = Arc::new(Live::default());
+    live.traced()
+        .follow_always(&settings.telemetry.trace_activities);
     if settings.retention.inbox_secs < 86_400 {
         // Allowed (tests use seconds), but a redelivery or replay older than this
         // is no longer answered by the inbox (docs/OPERATIONS.md, "Retention").
@@ -202,6 +207,7 @@ fn follow_settings(settings: &Settings) {
             "retention.inbox_secs is under a day"
         );
     }
+    live
 }
 
 /// The node id lease's time to live (`engine.node_lease_ttl_ms`).
@@ -262,6 +268,7 @@ fn start_pipeline(
     pool: &Pool,
     ids: &Arc<IdGenerator>,
     lanes: &Lanes,
+    live: &Arc<Live>,
 ) -> (Addr<DbPermits>, LaneRouter) {
     let permits = DbPermits::new(settings.db_permits()).start();
     let shared = Arc::new(BucketShared {
@@ -275,6 +282,7 @@ fn start_pipeline(
         pipeline: settings.engine.bucket_pipeline as usize,
         tx_slots: tokio::sync::Semaphore::new(settings.engine.order_transactions as usize),
         speculation: Default::default(),
+        live: live.clone(),
     });
     let router = lanes.start_pipeline(shared);
     (permits, router)
@@ -287,8 +295,9 @@ async fn initial_readiness(
     pool: &Pool,
     ids: &Arc<IdGenerator>,
     postgres_problem: Option<String>,
+    live: Arc<Live>,
 ) -> Result<Arc<Readiness>, EngineError> {
-    let readiness = Arc::new(Readiness::default());
+    let readiness = Arc::new(Readiness::new(live));
     readiness.watch_minting(ids.clone());
     // Not ready from the start when the primary cannot take orders (the
     // monitor clears it once it can).
@@ -375,6 +384,7 @@ fn with_intakes(
         let work = OrderWork {
             lanes: router.clone(),
             topic: queue.clone(),
+            live: intake.readiness.live().clone(),
         };
         supervisor = supervisor.child(
             format!("intake:{queue}"),
@@ -426,6 +436,16 @@ async fn wait_consuming(
         actix_rt::time::sleep(Duration::from_millis(10)).await;
     }
     Ok(())
+}
+
+/// Waits for the readiness monitor's first findings (its checks take
+/// `CHECK_TIMEOUT` each at most), so that the listeners started next show them
+/// from their first answer; a monitor that has not answered by then is logged and
+/// the start goes on.
+async fn wait_first_check(readiness: &Readiness) {
+    if !readiness.checked(CHECK_TIMEOUT * 3).await {
+        tracing::warn!("the readiness monitor has not checked the dependencies yet");
+    }
 }
 
 /// What every intake needs, to make one supervised child per consumed queue.
@@ -542,12 +562,14 @@ fn holder_name(settings: &Settings) -> String {
 
 /// The supervisor with the outbox publisher, the sweeper, the compensation worker,
 /// the reconciler of Redis reservations, the retention service and the gauge
-/// sampler; the outbox publisher yields to the orders `load` counts.
+/// sampler; the outbox publisher yields to the orders `load` counts, and the
+/// sampled figures go to the live state `readiness` carries.
 pub fn background_services(
     settings: &Settings,
     pool: &Pool,
     load: Arc<dyn OrderLoad>,
     ids: Arc<IdGenerator>,
+    readiness: &Readiness,
 ) -> Supervisor {
     let outbox = {
         let (pool, amqp) = (pool.clone(), settings.amqp.clone());
@@ -579,10 +601,22 @@ pub fn background_services(
         child(move || Retention::new(pool.clone(), config.clone()))
     };
     let gauges = {
-        let (pool, amqp) = (pool.clone(), settings.amqp.clone());
+        let (pool, amqp, live) = (
+            pool.clone(),
+            settings.amqp.clone(),
+            readiness.live().clone(),
+        );
         let interval = Duration::from_millis(settings.telemetry.sample_interval_ms);
         let conservation = Duration::from_millis(settings.telemetry.conservation_interval_ms);
-        child(move || GaugeSampler::new(pool.clone(), amqp.clone(), interval, conservation))
+        child(move || {
+            GaugeSampler::new(
+                pool.clone(),
+                amqp.clone(),
+                interval,
+                conservation,
+                live.clone(),
+            )
+        })
     };
     Supervisor::new(
         Duration::from_millis(settings.supervisor.restart_base_ms),
@@ -591,14 +625,17 @@ pub fn background_services(
     .child(OutboxPublisher::NAME, outbox)
     .child(Sweeper::NAME, sweeper)
     .child(CompensationWorker::NAME, compensation)
-    .child(Reconciler::NAME, reconciler(settings, pool))
+    .child(
+        Reconciler::NAME,
+        reconciler(settings, pool, readiness.live()),
+    )
     .child(Retention::NAME, retention)
     .child(GaugeSampler::NAME, gauges)
 }
 
 /// The reconciler of Redis reservations past their TTL (each pass also samples the drift).
-fn reconciler(settings: &Settings, pool: &Pool) -> ChildFactory {
-    let (pool, redis) = (pool.clone(), settings.redis.clone());
+fn reconciler(settings: &Settings, pool: &Pool, live: &Arc<Live>) -> ChildFactory {
+    let (pool, redis, live) = (pool.clone(), settings.redis.clone(), live.clone());
     let interval = Duration::from_millis(settings.frontstage.reconcile_interval_ms);
     let marker_ttl = settings.compensation.released_marker_ttl_secs;
     let reservation_ttl = Duration::from_millis(settings.frontstage.reservation_ttl_ms);
@@ -609,6 +646,7 @@ fn reconciler(settings: &Settings, pool: &Pool) -> ChildFactory {
             interval,
             marker_ttl,
             reservation_ttl,
+            live.clone(),
         )
     })
 }

@@ -1,13 +1,19 @@
 //! Shared status that the engine's parts report and HTTP, telemetry and the outbox
 //! publisher read: deliveries in flight (`IntakeStats`, with the acks that
-//! settled them, `AckCounts`) and whether the engine takes work (`Readiness`). It sits low so that readers need not import the
-//! actors that write it.
+//! settled them, `AckCounts`), whether the engine takes work (`Readiness`, with the
+//! shards it owns, `Shards`), and the live figures its pages show (`Live`). The one
+//! home of an engine's live state: each engine creates its own handles and passes
+//! them down, so two engines of one process share nothing. It sits low so that
+//! readers need not import the actors that write it.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 use crate::domain::ids::IdGenerator;
+use crate::telemetry::recent::Recent;
+use crate::telemetry::sampled::Sampled;
+use crate::telemetry::trace::Traced;
 
 /// Deliveries received and not yet settled (acked, retried or dead-lettered), shared
 /// by every intake of an engine. The broker's unacked count for our consumers is the
@@ -104,6 +110,23 @@ impl Drop for InFlight {
     }
 }
 
+/// What the readiness monitor found of the engine's dependencies on its last check,
+/// each `None` when fine, else why not. The monitor is the only one that probes
+/// them; `/readyz` shows this, with its age.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Checks {
+    /// Why orders may not run on the database now (`store::primary`): no writable
+    /// primary, a stalled COMMIT, no synchronous standby, no connection.
+    pub postgres: Option<String>,
+    /// Why the database's schema is not this build's (shown by `/readyz`; intake
+    /// does not stop for it).
+    pub schema: Option<String>,
+    /// Why Redis did not answer.
+    pub redis: Option<String>,
+    /// When the monitor made these checks; `None` before its first.
+    pub at: Option<std::time::Instant>,
+}
+
 /// The shared answer; starts ready (the engine checked everything while starting).
 /// An operator may also pause intake (admin API); the intakes consume only while
 /// the engine is ready, not paused, and may mint ids (its node id lease is current).
@@ -111,31 +134,42 @@ impl Drop for InFlight {
 pub struct Readiness {
     ready: AtomicBool,
     paused: AtomicBool,
-    /// Why orders may not run on the database now, as the monitor last found
-    /// (`store::primary`): no writable primary, a stalled COMMIT, no synchronous
-    /// standby, no connection.
-    postgres: std::sync::Mutex<Option<String>>,
+    /// The readiness monitor's last findings (before its first check, only what
+    /// the engine found of the primary while starting).
+    checks: std::sync::Mutex<Checks>,
     /// The front stage's own Redis and broker links, when one runs in this process:
     /// `None` until it reports, then its problem, if any (`http::front`).
     frontstage: std::sync::Mutex<Option<Option<String>>>,
     ids: OnceLock<Arc<IdGenerator>>,
     shards: Shards,
+    /// The engine's live figures: carried here so that every holder of the one
+    /// handle the engine passes around (its listeners included) reaches them.
+    live: Arc<Live>,
 }
 
 impl Default for Readiness {
     fn default() -> Self {
-        Self {
-            ready: AtomicBool::new(true),
-            paused: AtomicBool::new(false),
-            postgres: std::sync::Mutex::new(None),
-            frontstage: std::sync::Mutex::new(None),
-            ids: OnceLock::new(),
-            shards: Shards::default(),
-        }
+        Self::new(Arc::default())
     }
 }
 
 impl Readiness {
+    /// Ready, not paused, carrying the engine's `live` figures.
+    pub fn new(live: Arc<Live>) -> Self {
+        Self {
+            ready: AtomicBool::new(true),
+            paused: AtomicBool::new(false),
+            checks: std::sync::Mutex::new(Checks::default()),
+            frontstage: std::sync::Mutex::new(None),
+            ids: OnceLock::new(),
+            shards: Shards::default(),
+            live,
+        }
+    }
+    /// The engine's live figures (`Live`).
+    pub fn live(&self) -> &Arc<Live> {
+        &self.live
+    }
     pub fn is_ready(&self) -> bool {
         self.ready.load(Ordering::Relaxed)
     }
@@ -149,20 +183,37 @@ impl Readiness {
     }
     /// What the monitor last found wrong with the database, if anything.
     pub fn postgres_problem(&self) -> Option<String> {
-        self.postgres
+        self.checks().postgres
+    }
+    /// The monitor's last findings, with when it made them.
+    pub fn checks(&self) -> Checks {
+        self.checks
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone()
     }
-    /// Records the monitor's finding; whether it changed.
-    pub(crate) fn set_postgres(&self, problem: Option<String>) -> bool {
-        let mut held = self
-            .postgres
+    /// What the engine found of the primary while starting, before the monitor's
+    /// first check.
+    pub(crate) fn set_postgres(&self, problem: Option<String>) {
+        self.checks
             .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let changed = *held != problem;
-        *held = problem;
-        changed
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .postgres = problem;
+    }
+    /// Records the monitor's findings; returns the ones they replace.
+    pub(crate) fn record_checks(&self, checks: Checks) -> Checks {
+        std::mem::replace(
+            &mut *self
+                .checks
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+            checks,
+        )
+    }
+    /// Waits until the monitor has checked once, or `grace` has passed; returns
+    /// whether it has.
+    pub async fn checked(&self, grace: std::time::Duration) -> bool {
+        poll_until(grace, || self.checks().at.is_some()).await
     }
     /// The front stage's last report: `None` if none runs here, else its problem.
     pub fn frontstage_problem(&self) -> Option<Option<String>> {
@@ -204,6 +255,51 @@ impl Readiness {
     /// Whether the intakes should consume now.
     pub fn accepting(&self) -> bool {
         self.is_ready() && !self.is_paused() && self.may_mint()
+    }
+}
+
+/// What an engine's pages show of the moment, written by its parts as they run:
+/// the order latency of the last seconds (the bucket actors; the live page), the
+/// gauges whose series come and go (the gauge sampler and the reconciler;
+/// `/metrics`), the activities followed (the settings and `POST /admin/trace`; the
+/// bucket actors and the intakes log by it), and the dead-letter queues' depths (the
+/// gauge sampler; the live page). The types and their rules are telemetry's.
+#[derive(Debug, Default)]
+pub struct Live {
+    recent: Recent,
+    sampled: Sampled,
+    traced: Traced,
+    /// Each dead-letter queue and its depth, as last sampled.
+    dead_letters: Mutex<Vec<(String, u32)>>,
+}
+
+impl Live {
+    /// The order latency of the last few seconds.
+    pub fn recent(&self) -> &Recent {
+        &self.recent
+    }
+    /// The gauges whose series come and go with the data.
+    pub fn sampled(&self) -> &Sampled {
+        &self.sampled
+    }
+    /// The activities whose orders are logged at INFO.
+    pub fn traced(&self) -> &Traced {
+        &self.traced
+    }
+    /// Each dead-letter queue and its depth, as last sampled (empty before the
+    /// first sample).
+    pub fn dead_letter_depths(&self) -> Vec<(String, u32)> {
+        self.dead_letters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+    /// Records the depths the gauge sampler read.
+    pub fn set_dead_letter_depths(&self, depths: Vec<(String, u32)>) {
+        *self
+            .dead_letters
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = depths;
     }
 }
 
@@ -301,7 +397,49 @@ impl Shards {
 
 #[cfg(test)]
 mod tests {
-    use super::Shards;
+    use super::{Checks, Live, Readiness, Shards};
+
+    #[tokio::test]
+    async fn the_monitors_findings_replace_the_start_ones_with_their_time() {
+        let r = Readiness::default();
+        r.set_postgres(Some("no writable primary".into()));
+        assert_eq!(
+            r.checks().at,
+            None,
+            "the start's finding is not the monitor's"
+        );
+        assert!(
+            !r.checked(std::time::Duration::from_millis(30)).await,
+            "not checked yet"
+        );
+        let found = Checks {
+            redis: Some("refused".into()),
+            at: Some(std::time::Instant::now()),
+            ..Checks::default()
+        };
+        let before = r.record_checks(found.clone());
+        assert_eq!(before.postgres.as_deref(), Some("no writable primary"));
+        assert_eq!(r.postgres_problem(), None);
+        assert_eq!(r.checks(), found);
+        assert!(r.checked(std::time::Duration::ZERO).await);
+    }
+
+    #[test]
+    fn two_engines_share_no_live_state() {
+        let (a, b) = (Readiness::default(), Readiness::default());
+        a.live().set_dead_letter_depths(vec![("q.dead".into(), 3)]);
+        a.live().traced().follow_always(&[5]);
+        a.live()
+            .recent()
+            .record(std::time::Duration::from_millis(4));
+        assert_eq!(b.live().dead_letter_depths(), vec![]);
+        assert!(!b.live().traced().followed(5));
+        assert_eq!(b.live().recent().summary(), None);
+        assert_eq!(a.live().recent().summary().map(|s| s.0), Some(1));
+        let shared = std::sync::Arc::new(Live::default());
+        let c = Readiness::new(shared.clone());
+        assert!(std::sync::Arc::ptr_eq(c.live(), &shared));
+    }
 
     #[test]
     fn shards_belong_to_the_rank_s_mod_k() {

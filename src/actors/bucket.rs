@@ -28,6 +28,7 @@ use actix::prelude::*;
 use crate::domain::ids::IdGenerator;
 use crate::domain::message::OrderCreateMessage;
 use crate::domain::outcome::{ErrorClass, OrderOutcome, ResultCode};
+use crate::status::Live;
 use crate::store::orders::{
     create_orders, load_bucket_sku, AllocationTurn, OrderInput, OrderKey, OrderTxContext,
     SkuSnapshot, Speculation, Stage,
@@ -74,6 +75,9 @@ pub struct BucketShared {
     /// the registry stops a bucket actor whenever its mailbox runs dry, and an
     /// empty bucket's next actor would otherwise try the fresh way first again.
     pub speculation: SpeculationHints,
+    /// The engine's live figures: the latency windows each commit records into and
+    /// the activities whose orders are logged at INFO.
+    pub live: Arc<Live>,
 }
 
 /// `BucketShared::speculation`: hints only, so bounded by forgetting them all.
@@ -366,7 +370,7 @@ fn run_group<'a>(
                 for (run, outcome) in runs.iter().zip(&done.outcomes) {
                     log_committed(shared, key, run, outcome, &done, elapsed);
                     if !outcome.duplicate {
-                        record_commit_latency(&run.msg, committed_at);
+                        record_commit_latency(shared, &run.msg, committed_at);
                     }
                 }
                 done.outcomes.into_iter().map(Ok).collect()
@@ -402,7 +406,7 @@ fn run_group<'a>(
 }
 
 /// The fields of seed §12.1, one DEBUG line per message (INFO while its activity is
-/// followed, `telemetry::trace`).
+/// followed by this engine, `telemetry::trace`).
 fn log_committed(
     shared: &BucketShared,
     key: BucketKey,
@@ -415,6 +419,7 @@ fn log_committed(
     metrics::histogram!(crate::telemetry::names::ORDER_TX_DURATION_SECONDS, "outcome" => outcome.label())
         .record(elapsed.as_secs_f64());
     crate::order_log!(
+        shared.live.traced(),
         key.activity_id,
         request_id = %msg.request_id, reservation_id = %msg.reservation_id,
         message_id = %msg.message_id, order_id = outcome.order_id,
@@ -434,14 +439,18 @@ fn log_committed(
 /// The end-to-end figure: from the reservation the message carries (stamped by the
 /// front stage, on its clock) to the commit that decided the message, once per
 /// message; a redelivery the inbox answers is not counted again.
-fn record_commit_latency(msg: &OrderCreateMessage, committed_at: chrono::DateTime<chrono::Utc>) {
+fn record_commit_latency(
+    shared: &BucketShared,
+    msg: &OrderCreateMessage,
+    committed_at: chrono::DateTime<chrono::Utc>,
+) {
     let waited = (committed_at - msg.reserved_at)
         .to_std()
         .unwrap_or_default();
     // Spelled out: tests/it/deploy.rs reads recorded names from the macro calls.
     metrics::histogram!(crate::telemetry::names::ORDER_COMMIT_LATENCY_SECONDS)
         .record(waited.as_secs_f64());
-    crate::telemetry::recent::record(waited);
+    shared.live.recent().record(waited);
 }
 
 fn log_failed(
@@ -458,6 +467,7 @@ fn log_failed(
         metrics::counter!(crate::telemetry::names::DB_LOCK_TIMEOUTS_TOTAL).increment(1);
     }
     crate::order_log!(
+        shared.live.traced(),
         key.activity_id,
         request_id = %msg.request_id, reservation_id = %msg.reservation_id,
         message_id = %msg.message_id, order_id = msg.order_id, activity_id = key.activity_id,

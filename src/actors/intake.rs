@@ -32,7 +32,7 @@ use crate::mq::settlement::{ack, dead_letter, retry, Budget, IntakeRoutes, Outle
 use crate::mq::topology::declare_topology;
 use crate::mq::{self, MqError};
 use crate::services::supervisor::{ChildFailed, StopChild};
-use crate::status::{AckCounts, InFlight, IntakeStats, Readiness};
+use crate::status::{AckCounts, InFlight, IntakeStats, Live, Readiness};
 use crate::store::payments::apply_callback;
 
 /// The queue-specific part of an intake.
@@ -54,6 +54,8 @@ pub struct OrderWork {
     pub lanes: LaneRouter,
     /// The consumed queue, recorded in the inbox.
     pub topic: Arc<str>,
+    /// The engine's live figures: whose orders are logged at INFO.
+    pub live: Arc<Live>,
 }
 
 impl IntakeWork for OrderWork {
@@ -69,7 +71,7 @@ impl IntakeWork for OrderWork {
         msg: OrderCreateMessage,
     ) -> LocalBoxFuture<'static, Result<&'static str, ErrorClass>> {
         let reservations = self.lanes.reservations(&BucketKey::of(&msg)).clone();
-        let topic = self.topic.clone();
+        let (topic, live) = (self.topic.clone(), self.live.clone());
         Box::pin(async move {
             let (message_id, reservation_id, activity_id) =
                 (msg.message_id, msg.reservation_id, msg.activity_id);
@@ -83,7 +85,7 @@ impl IntakeWork for OrderWork {
             };
             metrics::counter!(crate::telemetry::names::ORDERS_TOTAL, "outcome" => outcome.label())
                 .increment(1);
-            crate::order_log!(activity_id, %message_id, %reservation_id, outcome = outcome.label(), order_id = outcome.order_id, "message processed");
+            crate::order_log!(live.traced(), activity_id, %message_id, %reservation_id, outcome = outcome.label(), order_id = outcome.order_id, "message processed");
             Ok(outcome.label())
         })
     }

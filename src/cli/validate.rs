@@ -6,7 +6,6 @@ use std::path::Path;
 use std::process::ExitCode;
 
 use crate::config::{self, Settings};
-use crate::redis::commands as redis_commands;
 use crate::store::{self, migrate};
 
 /// Runs every check, even after one failed; exits non-zero if any did.
@@ -71,9 +70,8 @@ async fn rabbitmq(settings: &Settings) -> Result<String, String> {
     Ok("reachable".to_owned())
 }
 
-/// Redis accepts a connection and answers PING.
+/// Redis accepts a connection and answers PING (`redis::health`) within 10 s.
 async fn redis(settings: &Settings) -> Result<String, String> {
-    let mut conn = crate::redis::connect(&settings.redis).await.map_err(why)?;
-    redis_commands::ping(&mut conn).await.map_err(why)?;
+    crate::redis::health::check_new(&settings.redis, std::time::Duration::from_secs(10)).await?;
     Ok("reachable".to_owned())
 }

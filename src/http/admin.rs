@@ -10,15 +10,15 @@ use serde_json::json;
 
 use super::operations::Operations;
 use super::{HttpError, Running};
-use crate::config::{RedisSettings, Settings};
+use crate::config::Settings;
 use crate::status::IntakeStats;
 use crate::status::Readiness;
-use crate::store::{migrate, Pool};
+use crate::store::Pool;
 
-/// What readiness looks at.
+/// What the admin endpoints read: the engine's pool (the live page's figures) and
+/// its shared state (readiness, the readiness monitor's findings, the live figures).
 pub struct Admin {
     pool: Pool,
-    redis: RedisSettings,
     intakes: Arc<IntakeStats>,
     readiness: Arc<Readiness>,
     expected_intakes: usize,
@@ -43,7 +43,6 @@ pub async fn start(
     });
     let state = web::Data::new(Admin {
         pool,
-        redis: settings.redis.clone(),
         intakes,
         readiness,
         expected_intakes: settings.owned_shards().len() + 1,
@@ -95,23 +94,41 @@ fn security_headers() -> actix_web::middleware::DefaultHeaders {
         ))
 }
 
-/// Every part that reports readiness, each "ok" or its reason; whether all are ok.
-async fn readiness_checks(admin: &Admin) -> (bool, serde_json::Map<String, serde_json::Value>) {
-    const OK: &str = "ok";
+/// "ok": every check of `/readyz` that passed says so.
+const OK: &str = "ok";
+
+/// How old the readiness monitor's findings may be before `/readyz` stops trusting
+/// them: the monitor runs every second and each of its checks takes 2 s at most, so
+/// findings older than this mean the monitor itself is stuck or gone.
+const STALE_AFTER: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// Every part that reports readiness, each "ok" or its reason; whether all are ok;
+/// and the age of the monitor's findings. Reads shared state only, never a
+/// dependency: it answers at once whatever they do.
+fn readiness_checks(
+    admin: &Admin,
+) -> (
+    bool,
+    serde_json::Map<String, serde_json::Value>,
+    Option<std::time::Duration>,
+) {
     let mut checks = serde_json::Map::new();
-    // The monitor's finding first: it knows a stalled COMMIT or a missing
-    // standby, which a fresh connection would not show.
-    let postgres = match admin.readiness.postgres_problem() {
-        Some(problem) => problem,
-        None => match admin.pool.get().await {
-            Ok(mut conn) => match migrate::verify(&mut conn.client).await {
-                Ok(()) => OK.to_owned(),
-                Err(e) => e.to_string(),
-            },
-            Err(e) => e.to_string(),
-        },
+    let found = admin.readiness.checks();
+    let age = found.at.map(|at| at.elapsed());
+    // The monitor's findings: it knows a stalled COMMIT or a missing standby,
+    // which a fresh connection would not show.
+    let verdict = |problem: Option<String>| match (problem, age) {
+        (Some(problem), _) => problem,
+        (None, None) => "not checked yet".to_owned(),
+        (None, Some(age)) if age > STALE_AFTER => {
+            format!("last checked {} s ago", age.as_secs())
+        }
+        (None, Some(_)) => OK.to_owned(),
     };
-    checks.insert("postgres".into(), json!(postgres));
+    checks.insert(
+        "postgres".into(),
+        json!(verdict(found.postgres.or(found.schema))),
+    );
     let consuming = admin.intakes.consuming();
     let paused = admin.readiness.is_paused();
     let rabbitmq = if paused || consuming >= admin.expected_intakes {
@@ -123,15 +140,19 @@ async fn readiness_checks(admin: &Admin) -> (bool, serde_json::Map<String, serde
         )
     };
     checks.insert("rabbitmq".into(), json!(rabbitmq));
-    let redis = async {
-        let mut conn = crate::redis::connect(&admin.redis).await?;
-        crate::redis::commands::ping(&mut conn).await
-    };
-    let redis = match redis.await {
-        Ok(()) => OK.to_owned(),
-        Err(e) => e.to_string(),
-    };
-    checks.insert("redis".into(), json!(redis));
+    checks.insert("redis".into(), json!(verdict(found.redis)));
+    own_checks(admin, paused, &mut checks);
+    let ready = checks.values().all(|v| v == OK);
+    (ready, checks, age)
+}
+
+/// The checks of this process's own state: the front stage's links, the pause and
+/// the node id lease.
+fn own_checks(
+    admin: &Admin,
+    paused: bool,
+    checks: &mut serde_json::Map<String, serde_json::Value>,
+) {
     // The front stage's own connections: its buyers get 503s while one is down,
     // whatever the engine's are doing.
     if let Some(front) = admin.readiness.frontstage_problem() {
@@ -156,8 +177,6 @@ async fn readiness_checks(admin: &Admin) -> (bool, serde_json::Map<String, serde
             )
         }),
     );
-    let ready = checks.values().all(|v| v == OK);
-    (ready, checks)
 }
 
 /// The process runs and its runtime answers.
@@ -166,19 +185,20 @@ async fn livez() -> HttpResponse {
 }
 
 /// One shape for every part that reports readiness:
-/// `{"ready": bool, "node_id": N, "active_shards": [..], "checks": {"postgres":
-/// "ok"|reason, "rabbitmq": .., "redis": .., "frontstage": .. (when one runs in this
-/// process: its own Redis and broker links), "intake": .., "node_id": ..}}`. 200 when
-/// every check is "ok"; 503 otherwise (an operator pause included). Standing by for
-/// shards another instance is active on is ready.
+/// `{"ready": bool, "node_id": N, "active_shards": [..], "checked_ms_ago": N|null,
+/// "checks": {"postgres": "ok"|reason, "rabbitmq": .., "redis": .., "frontstage": ..
+/// (when one runs in this process: its own Redis and broker links), "intake": ..,
+/// "node_id": ..}}`. PostgreSQL and Redis are as the readiness monitor last found
+/// them, `checked_ms_ago` before. 200 when every check is "ok"; 503 otherwise (an
+/// operator pause included). Standing by for shards another instance is active on
+/// is ready. `seckill_ready` is the monitor's to set, not this probe's.
 async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
-    let (ready, checks) = readiness_checks(&admin).await;
-    let node_id = admin.readiness.node_id();
-    metrics::gauge!(crate::telemetry::names::READY).set(if ready { 1.0 } else { 0.0 });
+    let (ready, checks, age) = readiness_checks(&admin);
     let body = json!({
         "ready": ready,
-        "node_id": node_id,
+        "node_id": admin.readiness.node_id(),
         "active_shards": admin.readiness.shards().active(),
+        "checked_ms_ago": age.map(|age| u64::try_from(age.as_millis()).unwrap_or(u64::MAX)),
         "checks": checks,
     });
     if ready {
@@ -199,7 +219,7 @@ async fn metrics(admin: web::Data<Admin>, req: actix_web::HttpRequest) -> HttpRe
     match crate::telemetry::metrics() {
         Some(handle) => {
             let mut text = handle.render();
-            crate::telemetry::sampled::render(&mut text);
+            admin.readiness.live().sampled().render(&mut text);
             HttpResponse::Ok()
                 .content_type("text/plain; version=0.0.4")
                 .body(text)
@@ -251,7 +271,7 @@ async fn status(admin: web::Data<Admin>, req: actix_web::HttpRequest) -> HttpRes
 
 async fn collect_status(admin: &Admin) -> super::live_page::Status {
     use super::live_page::{DeadLetters, Latency, Status};
-    let (ready, checks) = readiness_checks(admin).await;
+    let (ready, checks, _) = readiness_checks(admin);
     let mut errors = Vec::new();
     let (sales, backlog) = match admin.pool.get().await {
         Ok(conn) => {
@@ -284,13 +304,21 @@ async fn collect_status(admin: &Admin) -> super::live_page::Status {
         paused: admin.readiness.is_paused(),
         node_id: admin.readiness.node_id(),
         in_flight: admin.intakes.in_flight(),
-        latency: crate::telemetry::recent::summary().map(|(orders, p50, p99)| Latency {
-            orders,
-            p50_ms: p50 * 1000.0,
-            p99_ms: p99 * 1000.0,
-        }),
+        latency: admin
+            .readiness
+            .live()
+            .recent()
+            .summary()
+            .map(|(orders, p50, p99)| Latency {
+                orders,
+                p50_ms: p50 * 1000.0,
+                p99_ms: p99 * 1000.0,
+            }),
         backlog,
-        dead_letters: crate::services::gauges::dead_letter_depths()
+        dead_letters: admin
+            .readiness
+            .live()
+            .dead_letter_depths()
             .into_iter()
             .map(|(queue, messages)| DeadLetters { queue, messages })
             .collect(),

@@ -459,13 +459,18 @@ const MAX_TRACE_SECS: u64 = 86_400;
 
 /// `POST /admin/trace {"activity_id": A, "ttl_secs": 600}`: the order transactions of
 /// activity A are logged at INFO for that long (`telemetry::trace`).
-async fn trace(Authorized(who): Authorized, body: web::Json<TraceRequest>) -> HttpResponse {
+async fn trace(
+    Authorized(who): Authorized,
+    ops: web::Data<Operations>,
+    body: web::Json<TraceRequest>,
+) -> HttpResponse {
     if !(1..=MAX_TRACE_SECS).contains(&body.ttl_secs) {
         return HttpResponse::BadRequest()
             .json(json!({"error": format!("ttl_secs: must be between 1 and {MAX_TRACE_SECS}")}));
     }
     let ttl = std::time::Duration::from_secs(body.ttl_secs);
-    if !crate::telemetry::trace::follow_for(body.activity_id, ttl) {
+    let traced = ops.readiness.live().traced();
+    if !traced.follow_for(body.activity_id, ttl) {
         return HttpResponse::Conflict().json(json!({
             "error": format!("{} activities are followed already", crate::telemetry::trace::MAX_TRACED)
         }));
@@ -475,16 +480,17 @@ async fn trace(Authorized(who): Authorized, body: web::Json<TraceRequest>) -> Ht
         "trace",
         &format!("activity {} for {} s", body.activity_id, body.ttl_secs),
     );
-    traced_list()
+    traced_list(traced)
 }
 
 /// `GET /admin/trace`: the activities followed now and the seconds left for each.
-async fn traced(Authorized(_who): Authorized) -> HttpResponse {
-    traced_list()
+async fn traced(Authorized(_who): Authorized, ops: web::Data<Operations>) -> HttpResponse {
+    traced_list(ops.readiness.live().traced())
 }
 
-fn traced_list() -> HttpResponse {
-    let followed: Vec<_> = crate::telemetry::trace::followed_now()
+fn traced_list(traced: &crate::telemetry::trace::Traced) -> HttpResponse {
+    let followed: Vec<_> = traced
+        .followed_now()
         .into_iter()
         .map(|(activity, left)| json!({"activity_id": activity, "seconds_left": left}))
         .collect();

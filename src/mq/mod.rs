@@ -1,9 +1,10 @@
-//! RabbitMQ: connections, the topology the engine declares, and a publisher that waits
-//! for broker confirms.
+//! RabbitMQ: connections, the topology the engine declares, a publisher that waits
+//! for broker confirms, and the channel that reopens itself (`reconnecting`).
 
 pub mod acks;
 pub mod dead_letters;
 pub mod publisher;
+pub mod reconnecting;
 pub mod settlement;
 pub mod topology;
 

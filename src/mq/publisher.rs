@@ -2,15 +2,11 @@
 //! taken responsibility for the message, and an unroutable message is an error
 //! (mandatory flag), never a silent drop.
 
-use std::cell::RefCell;
-use std::rc::Rc;
-
 use lapin::options::{BasicPublishOptions, ConfirmSelectOptions};
 use lapin::Confirmation;
 use lapin::{BasicProperties, Channel, Connection};
 
 use super::MqError;
-use crate::config::AmqpSettings;
 
 /// Persistent delivery mode.
 pub const PERSISTENT: u8 = 2;
@@ -82,39 +78,5 @@ impl ConfirmedPublisher {
 
     pub fn channel(&self) -> &Channel {
         &self.channel
-    }
-}
-
-/// A confirm channel on a connection of its own, opened on first use and reopened
-/// after it broke; for the background services, which run one pass at a time.
-pub struct LazyPublisher {
-    name: &'static str,
-    current: RefCell<Option<(Rc<Connection>, ConfirmedPublisher)>>,
-}
-
-impl LazyPublisher {
-    pub fn new(connection_name: &'static str) -> Self {
-        Self {
-            name: connection_name,
-            current: RefCell::new(None),
-        }
-    }
-
-    pub async fn get(&self, settings: &AmqpSettings) -> Result<ConfirmedPublisher, MqError> {
-        let current = self.current.borrow().clone();
-        if let Some((conn, publisher)) = current {
-            if conn.status().connected() && publisher.channel().status().connected() {
-                return Ok(publisher);
-            }
-        }
-        let conn = super::connect(settings, self.name).await?;
-        let publisher = ConfirmedPublisher::open(&conn).await?;
-        *self.current.borrow_mut() = Some((Rc::new(conn), publisher.clone()));
-        Ok(publisher)
-    }
-
-    /// Forget the current channel; the next `get` reconnects.
-    pub fn reset(&self) {
-        self.current.borrow_mut().take();
     }
 }

@@ -8,13 +8,6 @@ use ::redis::RedisError;
 use super::keys::{PendingMember, SkuKeys};
 use super::timed;
 
-/// `PING`: the connection answers.
-pub async fn ping(conn: &mut impl Conn) -> Result<(), RedisError> {
-    timed("ping", ::redis::cmd("PING").query_async::<String>(conn))
-        .await
-        .map(|_| ())
-}
-
 /// Up to `limit` pending reservations whose expiry (ms since the epoch) is at most
 /// `due_ms`, each with its raw member (to remove it exactly as stored) and its
 /// expiry. Members not in the pending format are skipped; the second value counts

@@ -1,7 +1,9 @@
-//! Redis, the front stage's fast pre-filter: key layout and the stock it is loaded
-//! with. PostgreSQL stays the source of truth; Redis only says "probably yes".
+//! Redis, the front stage's fast pre-filter: connections, key layout, the stock it
+//! is loaded with, and whether it answers (`health`). PostgreSQL stays the source
+//! of truth; Redis only says "probably yes".
 
 pub mod commands;
+pub mod health;
 pub mod keys;
 pub mod scripts;
 

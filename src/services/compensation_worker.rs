@@ -16,7 +16,8 @@ use uuid::Uuid;
 use super::runner::{Outcome, Service, ServiceError};
 use crate::config::{AmqpSettings, CompensationSettings, RedisSettings};
 use crate::domain::status::CompensationType;
-use crate::mq::publisher::LazyPublisher;
+use crate::mq::publisher::ConfirmedPublisher;
+use crate::mq::reconnecting::Reconnecting;
 use crate::mq::{self, MqError};
 use crate::redis::keys::{PendingMember, SkuKeys};
 use crate::redis::scripts;
@@ -57,7 +58,7 @@ struct Inner {
     config: CompensationConfig,
     owner: String,
     redis_conn: RefCell<Option<::redis::aio::MultiplexedConnection>>,
-    publisher: LazyPublisher,
+    publisher: Reconnecting<ConfirmedPublisher>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -94,11 +95,11 @@ impl CompensationWorker {
             inner: Rc::new(Inner {
                 pool,
                 redis,
+                publisher: Reconnecting::new(&amqp, "seckill-compensation"),
                 amqp,
                 config,
                 owner: format!("compensation-{}", Uuid::now_v7()),
                 redis_conn: RefCell::new(None),
-                publisher: LazyPublisher::new("seckill-compensation"),
             }),
         }
     }
@@ -146,7 +147,7 @@ impl Inner {
                     // Reconnect on the next attempt.
                     match e {
                         TaskError::Redis(_) => drop(self.redis_conn.borrow_mut().take()),
-                        TaskError::Mq(_) => self.publisher.reset(),
+                        TaskError::Mq(_) => self.publisher.reset().await,
                         TaskError::Payload(_) => {}
                     }
                     let went_dead = compensation::mark_failed(
@@ -206,7 +207,7 @@ impl Inner {
             Some(CompensationType::Refund) => {
                 // The payment system is outside the engine: ask it to refund, with
                 // the task id as the message id so it can dedup.
-                let publisher = self.publisher.get(&self.amqp).await?;
+                let publisher = self.publisher.get().await?;
                 let names = mq::topology::Names::new(&self.amqp.namespace);
                 let body = serde_json::to_vec(&task.payload)
                     .map_err(|e| TaskError::Payload(e.to_string()))?;
@@ -236,6 +237,7 @@ impl Inner {
         Ok(conn)
     }
 
+    /// The row's next retry delay: `domain::backoff` with this service's base and cap.
     fn backoff(&self, retry_count: i32) -> Duration {
         backoff(
             self.config.backoff_base,

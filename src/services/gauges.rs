@@ -8,30 +8,21 @@
 //! `telemetry.sample_interval_ms` and writes nothing; its runs are not logged, since
 //! every run "does" something.
 
-use std::cell::{Cell, RefCell};
+use std::cell::Cell;
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures_util::future::LocalBoxFuture;
 
 use super::runner::{Outcome, Service, ServiceError};
 use crate::config::AmqpSettings;
+use crate::mq::reconnecting::Reconnecting;
 use crate::mq::topology::Names;
+use crate::status::Live;
 use crate::store::{health, invariants, ops, Pool};
 use crate::telemetry::names;
-use crate::telemetry::sampled::{self, Series};
-
-/// The dead-letter queues' depths the sampler read last (for the live page).
-static DEAD_LETTER_DEPTHS: std::sync::Mutex<Vec<(String, u32)>> = std::sync::Mutex::new(Vec::new());
-
-/// Each dead-letter queue and its depth, as last sampled (empty before the first
-/// sample).
-pub fn dead_letter_depths() -> Vec<(String, u32)> {
-    DEAD_LETTER_DEPTHS
-        .lock()
-        .map(|d| d.clone())
-        .unwrap_or_default()
-}
+use crate::telemetry::sampled::Series;
 
 pub struct GaugeSampler {
     inner: Rc<Inner>,
@@ -39,14 +30,15 @@ pub struct GaugeSampler {
 
 struct Inner {
     pool: Pool,
-    amqp: AmqpSettings,
     dead_queues: Vec<String>,
     interval: Duration,
     /// How often the stock invariants run, and when they last did.
     conservation_every: Duration,
     conservation_at: Cell<Option<Instant>>,
     /// Opened on first use and again after a failure.
-    channel: RefCell<Option<(Rc<lapin::Connection>, lapin::Channel)>>,
+    channel: Reconnecting<lapin::Channel>,
+    /// Where the sampled series and the dead-letter depths go (the engine's).
+    live: Arc<Live>,
 }
 
 impl GaugeSampler {
@@ -55,17 +47,18 @@ impl GaugeSampler {
         amqp: AmqpSettings,
         interval: Duration,
         conservation_every: Duration,
+        live: Arc<Live>,
     ) -> Self {
         let names = Names::new(&amqp.namespace);
         Self {
             inner: Rc::new(Inner {
                 pool,
                 dead_queues: vec![names.order_dead_queue(), names.payment_dead_queue()],
-                amqp,
                 interval,
                 conservation_every,
                 conservation_at: Cell::new(None),
-                channel: RefCell::new(None),
+                channel: Reconnecting::new(&amqp, "seckill-gauges"),
+                live,
             }),
         }
     }
@@ -115,15 +108,15 @@ impl Inner {
                 .map(|b| Series::new(labels(b), value(b)))
                 .collect::<Vec<_>>()
         };
-        sampled::replace(
+        self.live.sampled().replace(
             names::BUCKET_AVAILABLE_UNITS,
             series(|b| f64::from(b.available)),
         );
-        sampled::replace(
+        self.live.sampled().replace(
             names::BUCKET_ALLOCATED_UNITS,
             series(|b| f64::from(b.allocated)),
         );
-        sampled::replace(
+        self.live.sampled().replace(
             names::BUCKET_SOLD_OUT,
             series(|b| if b.available == 0 { 1.0 } else { 0.0 }),
         );
@@ -140,7 +133,7 @@ impl Inner {
 
         let tables = health::tables(client).await?;
         let table = |t: &crate::store::diagnose::TableHealth| vec![("table", t.table.clone())];
-        sampled::replace(
+        self.live.sampled().replace(
             names::TABLE_DEAD_TUPLES,
             tables
                 .iter()
@@ -148,7 +141,7 @@ impl Inner {
                 .collect(),
         );
         let now = chrono::Utc::now();
-        sampled::replace(
+        self.live.sampled().replace(
             names::TABLE_LAST_VACUUM_AGE_SECONDS,
             tables
                 .iter()
@@ -161,14 +154,14 @@ impl Inner {
 
         let standbys = health::standbys(client).await?;
         let standby = |s: &crate::store::diagnose::Standby| vec![("standby", s.name.clone())];
-        sampled::replace(
+        self.live.sampled().replace(
             names::STANDBY_REPLAY_LAG_SECONDS,
             standbys
                 .iter()
                 .map(|s| Series::new(standby(s), s.replay_lag_seconds.unwrap_or(0.0)))
                 .collect(),
         );
-        sampled::replace(
+        self.live.sampled().replace(
             names::STANDBY_REPLAY_LAG_BYTES,
             standbys
                 .iter()
@@ -199,18 +192,7 @@ impl Inner {
     }
 
     async fn sample_dead_letters(&self) -> Result<(), ServiceError> {
-        let existing = self.channel.borrow().clone();
-        let (connection, channel) = match existing {
-            Some(open) if open.1.status().connected() => open,
-            _ => {
-                let connection = crate::mq::connect(&self.amqp, "seckill-gauges").await?;
-                let channel = connection.create_channel().await?;
-                let open = (Rc::new(connection), channel);
-                *self.channel.borrow_mut() = Some(open.clone());
-                open
-            }
-        };
-        let _keep_alive = connection;
+        let channel = self.channel.get().await?;
         let mut depths = Vec::with_capacity(self.dead_queues.len());
         for queue in &self.dead_queues {
             let declared = crate::mq::queue_counts(&channel, queue).await;
@@ -221,15 +203,14 @@ impl Inner {
                     depths.push((queue.clone(), counts.messages));
                 }
                 Err(e) => {
-                    // A failed passive declare closes the channel; open a new one next run.
-                    *self.channel.borrow_mut() = None;
+                    // A failed passive declare closes the channel; open a new one
+                    // (on a new connection) next run.
+                    self.channel.reset().await;
                     return Err(e.into());
                 }
             }
         }
-        if let Ok(mut last) = DEAD_LETTER_DEPTHS.lock() {
-            *last = depths;
-        }
+        self.live.set_dead_letter_depths(depths);
         Ok(())
     }
 }

@@ -25,7 +25,8 @@ use uuid::Uuid;
 use super::runner::{LeaseRecovery, Outcome, Service, ServiceError};
 use crate::config::{AmqpSettings, OutboxSettings};
 use crate::mq;
-use crate::mq::publisher::{ConfirmedPublisher, LazyPublisher};
+use crate::mq::publisher::ConfirmedPublisher;
+use crate::mq::reconnecting::Reconnecting;
 use crate::status::IntakeStats;
 use crate::store::outbox::{self, ClaimedEvent};
 use crate::store::Pool;
@@ -81,12 +82,12 @@ pub struct OutboxPublisher {
 
 struct Inner {
     pool: Pool,
-    amqp: AmqpSettings,
     exchange: String,
     config: OutboxConfig,
     /// Written into `locked_by`: the fencing token of this publisher's leases.
     owner: String,
-    publisher: LazyPublisher,
+    /// Its confirm channel, on a connection of its own.
+    publisher: Reconnecting<ConfirmedPublisher>,
     /// When to take back expired leases.
     recovery: LeaseRecovery,
     /// The order path this publisher yields to, if any.
@@ -110,12 +111,11 @@ impl OutboxPublisher {
         Self {
             inner: Rc::new(Inner {
                 pool,
-                amqp,
                 exchange,
                 recovery: LeaseRecovery::new(config.lease),
                 config,
                 owner: format!("outbox-{}", Uuid::now_v7()),
-                publisher: LazyPublisher::new("seckill-outbox"),
+                publisher: Reconnecting::new(&amqp, "seckill-outbox"),
                 load,
                 last_claim: Cell::new(None),
                 lagging: Cell::new(false),
@@ -174,7 +174,7 @@ impl Inner {
         }));
         let (mut sent, mut failed, mut dead) = (0u64, 0u64, 0u64);
         if !events.is_empty() {
-            let results = match self.publisher.get(&self.amqp).await {
+            let results = match self.publisher.get().await {
                 Ok(publisher) => publish_all(&publisher, &self.exchange, &events).await,
                 Err(e) => events.iter().map(|_| Err(e.to_string())).collect(),
             };
@@ -202,7 +202,7 @@ impl Inner {
             }
             if failed > 0 {
                 // Start from a fresh connection next time.
-                self.publisher.reset();
+                self.publisher.reset().await;
             }
             if !confirmed.is_empty() {
                 crate::failpoint!("outbox_after_confirm_before_sent");
@@ -219,6 +219,7 @@ impl Inner {
             .more(claimed as i64 >= self.config.batch_size && failed == 0))
     }
 
+    /// The row's next retry delay: `domain::backoff` with this service's base and cap.
     fn backoff(&self, retry_count: i32) -> Duration {
         backoff(
             self.config.backoff_base,

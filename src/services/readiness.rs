@@ -1,20 +1,24 @@
-//! The readiness monitor owns the engine's answer to "may I take work now?": it
-//! checks PostgreSQL and Redis on an interval and publishes the answer in a shared
-//! flag. A queue consumer gets no load-balancer traffic to stop, so readiness has to
-//! act: while the flag is down the intakes cancel their consumers (the backlog waits
-//! in RabbitMQ, where another instance may take it) and consume again once it is up.
+//! The readiness monitor owns the engine's answer to "may I take work now?": it is
+//! the one prober of the engine's dependencies. On an interval it checks PostgreSQL
+//! (a writable primary that can take orders, and a schema this build knows) and
+//! Redis, records each finding with its time in the shared `Readiness` (what
+//! `/readyz` shows, never probing itself), and publishes the answer in the shared
+//! flag and in `seckill_ready`, which nothing else writes. A queue consumer gets no
+//! load-balancer traffic to stop, so readiness has to act: while the flag is down
+//! the intakes cancel their consumers (the backlog waits in RabbitMQ, where another
+//! instance may take it) and consume again once it is up.
 
 use std::rc::Rc;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use futures_util::future::LocalBoxFuture;
 
 use super::runner::{Outcome, Service, ServiceError};
 use crate::config::{DatabaseSettings, RedisSettings};
-use crate::status::Readiness;
+use crate::status::{Checks, Readiness};
 use crate::store::primary::{self, NO_WRITABLE_PRIMARY};
-use crate::store::Pool;
+use crate::store::{migrate, Pool, PooledConn, StoreError};
 
 pub struct ReadinessMonitor {
     inner: Rc<Inner>,
@@ -29,7 +33,7 @@ struct Inner {
 }
 
 /// How long one dependency may take to answer before it counts as down.
-const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
+pub const CHECK_TIMEOUT: Duration = Duration::from_secs(2);
 
 impl ReadinessMonitor {
     pub fn new(
@@ -52,21 +56,42 @@ impl ReadinessMonitor {
 }
 
 impl Inner {
-    /// `Ok` while orders may run on the database; otherwise why not.
-    async fn postgres(&self) -> Result<(), String> {
-        let conn = match self.pool.get().await {
-            Ok(conn) => conn,
-            Err(e) => {
-                return Err(match self.pool.connect_error() {
-                    // tokio-postgres' words when every server named is read-only.
-                    Some(why) if why.contains("does not allow writes") => {
-                        format!("{NO_WRITABLE_PRIMARY}: {why}")
-                    }
-                    Some(why) => format!("no connection: {why}"),
-                    None => e.to_string(),
-                });
-            }
+    /// Every dependency, once: the findings, stamped with when they were made.
+    async fn check(&self) -> Checks {
+        let (postgres, schema) = self.database().await;
+        let redis = crate::redis::health::check_new(&self.redis, CHECK_TIMEOUT)
+            .await
+            .err();
+        Checks {
+            postgres,
+            schema,
+            redis,
+            at: Some(Instant::now()),
+        }
+    }
+
+    /// The database: why orders may not run on it, and (when they may) why its
+    /// schema is not this build's; each within `CHECK_TIMEOUT`. The schema's finding
+    /// is only shown: a schema migrated ahead does not stop intake.
+    async fn database(&self) -> (Option<String>, Option<String>) {
+        let primary = tokio::time::timeout(CHECK_TIMEOUT, self.primary()).await;
+        let mut conn = match primary {
+            Ok(Ok(conn)) => conn,
+            Ok(Err(problem)) => return (Some(problem), None),
+            Err(_) => return (Some("no answer within 2 s".to_owned()), None),
         };
+        let schema = tokio::time::timeout(CHECK_TIMEOUT, migrate::verify(&mut conn.client)).await;
+        let schema = match schema {
+            Ok(Ok(())) => None,
+            Ok(Err(e)) => Some(e.to_string()),
+            Err(_) => Some("no answer within 2 s".to_owned()),
+        };
+        (None, schema)
+    }
+
+    /// A connection to a primary on which orders may run; otherwise why not.
+    async fn primary(&self) -> Result<PooledConn<'_>, String> {
+        let conn = self.pool.get().await.map_err(|e| self.no_connection(e))?;
         let state = primary::primary_state(&conn.client)
             .await
             .map_err(|e| e.to_string())?;
@@ -75,7 +100,19 @@ impl Inner {
             self.database.commit_stall(),
         ) {
             Some(problem) => Err(problem),
-            None => Ok(()),
+            None => Ok(conn),
+        }
+    }
+
+    /// Why the pool gave no connection, in the words of the last refusal.
+    fn no_connection(&self, e: StoreError) -> String {
+        match self.pool.connect_error() {
+            // tokio-postgres' words when every server named is read-only.
+            Some(why) if why.contains("does not allow writes") => {
+                format!("{NO_WRITABLE_PRIMARY}: {why}")
+            }
+            Some(why) => format!("no connection: {why}"),
+            None => e.to_string(),
         }
     }
 }
@@ -90,28 +127,17 @@ impl Service for ReadinessMonitor {
     fn run_once(&self) -> LocalBoxFuture<'static, Result<Outcome, ServiceError>> {
         let inner = self.inner.clone();
         Box::pin(async move {
-            let postgres = match tokio::time::timeout(CHECK_TIMEOUT, inner.postgres()).await {
-                Ok(answer) => answer,
-                Err(_) => Err("no answer within 2 s".to_owned()),
-            };
-            let postgres_up = postgres.is_ok();
-            let changed = inner.readiness.set_postgres(postgres.clone().err());
-            let redis = async {
-                let mut conn = crate::redis::connect(&inner.redis).await.ok()?;
-                crate::redis::commands::ping(&mut conn).await.ok()
-            };
-            let redis_up = matches!(
-                tokio::time::timeout(CHECK_TIMEOUT, redis).await,
-                Ok(Some(_))
-            );
+            let found = inner.check().await;
+            let (postgres_up, redis_up) = (found.postgres.is_none(), found.redis.is_none());
             let ready = postgres_up && redis_up;
+            let postgres = found.postgres.clone();
+            let changed = inner.readiness.record_checks(found).postgres != postgres;
             let was = inner.readiness.set_ready(ready);
             metrics::gauge!(crate::telemetry::names::READY).set(if ready { 1.0 } else { 0.0 });
             if was != ready || changed {
                 if ready {
                     tracing::info!("dependencies answer again; intakes resume consuming");
                 } else {
-                    let postgres = postgres.err();
                     tracing::warn!(
                         postgres_up,
                         postgres,

@@ -11,6 +11,7 @@
 //! (`crate::drift`, `seckill_redis_drift_units`).
 
 use std::rc::Rc;
+use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -21,8 +22,10 @@ use super::runner::{Outcome, Service, ServiceError};
 use crate::config::RedisSettings;
 use crate::redis::keys::SkuKeys;
 use crate::redis::{commands, scripts};
+use crate::status::Live;
 use crate::store::reconcile::{self, Unseen};
 use crate::store::Pool;
+use crate::telemetry::sampled::Series;
 
 pub struct Reconciler {
     inner: Rc<Inner>,
@@ -36,6 +39,8 @@ struct Inner {
     /// `frontstage.reservation_ttl_ms`: when a pending entry's reservation was made.
     reservation_ttl: TimeDelta,
     batch: usize,
+    /// Where the drift series go (the engine's).
+    live: Arc<Live>,
 }
 
 impl Reconciler {
@@ -45,6 +50,7 @@ impl Reconciler {
         interval: Duration,
         marker_ttl_secs: u64,
         reservation_ttl: Duration,
+        live: Arc<Live>,
     ) -> Self {
         Self {
             inner: Rc::new(Inner {
@@ -54,6 +60,7 @@ impl Reconciler {
                 marker_ttl_secs,
                 reservation_ttl: TimeDelta::from_std(reservation_ttl).unwrap_or(TimeDelta::zero()),
                 batch: 500,
+                live,
             }),
         }
     }
@@ -124,7 +131,13 @@ impl Service for Reconciler {
             }
             metrics::counter!(crate::telemetry::names::RECONCILER_GIVEN_BACK_TOTAL)
                 .increment(given_back);
-            sample_drift(&conn.client, &mut redis, &inner.redis.key_prefix).await?;
+            sample_drift(
+                &conn.client,
+                &mut redis,
+                &inner.redis.key_prefix,
+                &inner.live,
+            )
+            .await?;
             Ok(Outcome::default()
                 .count("given_back", given_back)
                 .count("confirmed", confirmed)
@@ -139,6 +152,7 @@ async fn sample_drift(
     client: &tokio_postgres::Client,
     redis: &mut ::redis::aio::MultiplexedConnection,
     key_prefix: &str,
+    live: &Live,
 ) -> Result<(), ServiceError> {
     // Only the live sales' buckets: measuring every activity ever held
     // would read the whole inventory table on every pass.
@@ -146,12 +160,12 @@ async fn sample_drift(
     for activity in crate::store::health::live_activities(client).await? {
         drift.extend(crate::drift::measure(client, redis, key_prefix, Some(activity)).await?);
     }
-    crate::telemetry::sampled::replace(
+    live.sampled().replace(
         crate::telemetry::names::REDIS_DRIFT_UNITS,
         crate::drift::per_sku(&drift)
             .into_iter()
             .map(|((activity, sku), drift)| {
-                crate::telemetry::sampled::Series::new(
+                Series::new(
                     vec![("activity", activity.to_string()), ("sku", sku.to_string())],
                     drift as f64,
                 )

@@ -11,9 +11,9 @@ use std::time::{Duration, Instant};
 
 use actix::prelude::*;
 use futures_util::future::LocalBoxFuture;
-use rand::Rng;
 
 use super::supervisor::{ChildFailed, StopChild};
+use crate::domain::backoff;
 use crate::mq::MqError;
 use crate::store::StoreError;
 
@@ -235,13 +235,12 @@ impl<S: Service> Handler<StopChild> for Maintenance<S> {
     }
 }
 
-/// Doubling from the interval, capped, with jitter so that instances spread out.
+/// Doubling from the interval, capped, with up to 25 % jitter so that instances
+/// spread out.
 fn failure_backoff(interval: Duration, failures: u32) -> Duration {
     let base = interval.max(Duration::from_millis(100));
-    let exp = base
-        .saturating_mul(1 << failures.min(10))
-        .min(MAX_FAILURE_BACKOFF);
-    exp + Duration::from_millis(rand::rng().random_range(0..=exp.as_millis() as u64 / 4))
+    let exp = backoff::exponential(base, MAX_FAILURE_BACKOFF, failures.min(10));
+    backoff::jittered(exp, 25)
 }
 
 #[cfg(test)]

@@ -90,10 +90,10 @@ impl Supervisor {
         self
     }
 
+    /// Doubling from the base per failure of the streak, capped; no jitter: one
+    /// child's restarts are spread out already.
     fn backoff(&self, restarts: u32) -> Duration {
-        self.base
-            .saturating_mul(1 << restarts.saturating_sub(1).min(16))
-            .min(self.max)
+        crate::domain::backoff::exponential(self.base, self.max, restarts.saturating_sub(1).min(16))
     }
 }
 

@@ -1,6 +1,9 @@
 //! Logging (human-readable text or JSON lines, level from `RUST_LOG` or the config)
-//! and the Prometheus metrics recorder; `names` is the metric catalogue, `sampled`
-//! the gauges whose series come and go with the data.
+//! and the Prometheus metrics recorder; `names` is the metric catalogue, and the
+//! types of an engine's live figures: `sampled` (the gauges whose series come and go
+//! with the data), `recent` (the last seconds' order latency), `trace` (the
+//! activities followed). Those live in the engine's `status::Live`, never in a
+//! static: two engines of one process share none of them.
 
 pub mod names;
 pub mod recent;
@@ -58,6 +61,10 @@ const LATENCY_BUCKETS: &[f64] = &[
 /// `engine.batch_max_size` worth trying.
 const BATCH_SIZE_BUCKETS: &[f64] = &[1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0];
 
+/// The one process-wide static here, and by nature: the `metrics` crate's macros
+/// record into a single global recorder, so every engine of a process counts into
+/// the same Prometheus registry. Everything else an engine shows lives in its own
+/// `status::Live`.
 static METRICS: OnceLock<Option<PrometheusHandle>> = OnceLock::new();
 
 /// Installs the process-wide Prometheus recorder (once) and returns its handle;

@@ -3,10 +3,10 @@
 //! without a Prometheus. Two windows of `WINDOW` each, the current and the last one;
 //! a quantile reads both, so it covers between one and two windows. Recorded once
 //! per order, beside `seckill_order_commit_latency_seconds`, with atomic adds only:
-//! it is on the order path of every lane.
+//! it is on the order path of every lane. This module owns the arithmetic; the
+//! windows of an engine live in its `status::Live`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
 /// Bucket upper bounds in seconds (the last one catches everything above).
@@ -39,17 +39,24 @@ const BUCKETS: usize = 23;
 const _: () = assert!(BOUNDS.len() == BUCKETS);
 const WINDOW: Duration = Duration::from_secs(5);
 
-/// Window `n` (counted from `origin`) lives in slot `n % 2`; a slot still holding an
-/// older window is cleared by the first recorder that finds it so. A record racing
-/// that clear may be lost or counted in the wrong window: a figure for a page, not
-/// an account.
-struct Windows {
+/// The latency windows of one engine. Window `n` (counted from `origin`) lives in
+/// slot `n % 2`; a slot still holding an older window is cleared by the first
+/// recorder that finds it so. A record racing that clear may be lost or counted in
+/// the wrong window: a figure for a page, not an account.
+#[derive(Debug)]
+pub struct Recent {
     origin: Instant,
     window: [AtomicU64; 2],
     counts: [[AtomicU64; BUCKETS]; 2],
 }
 
-impl Windows {
+impl Default for Recent {
+    fn default() -> Self {
+        Self::new(Instant::now())
+    }
+}
+
+impl Recent {
     fn new(origin: Instant) -> Self {
         Self {
             origin,
@@ -78,7 +85,19 @@ impl Windows {
         slot
     }
 
-    fn record(&self, now: Instant, secs: f64) {
+    /// Records one order's latency.
+    pub fn record(&self, latency: Duration) {
+        self.record_at(Instant::now(), latency.as_secs_f64());
+    }
+
+    /// Orders recorded in the last one to two windows, and the upper bounds
+    /// (seconds) of the buckets holding their 50th and 99th percentiles; `None`
+    /// without orders.
+    pub fn summary(&self) -> Option<(u64, f64, f64)> {
+        quantiles(&self.counts(Instant::now()))
+    }
+
+    fn record_at(&self, now: Instant, secs: f64) {
         let bucket = BOUNDS
             .iter()
             .position(|b| secs <= *b)
@@ -101,23 +120,6 @@ impl Windows {
         }
         sum
     }
-}
-
-static RECENT: OnceLock<Windows> = OnceLock::new();
-
-fn windows() -> &'static Windows {
-    RECENT.get_or_init(|| Windows::new(Instant::now()))
-}
-
-/// Records one order's latency.
-pub fn record(latency: Duration) {
-    windows().record(Instant::now(), latency.as_secs_f64());
-}
-
-/// Orders recorded in the last one to two windows, and the upper bounds (seconds)
-/// of the buckets holding their 50th and 99th percentiles; `None` without orders.
-pub fn summary() -> Option<(u64, f64, f64)> {
-    quantiles(&windows().counts(Instant::now()))
 }
 
 fn quantiles(counts: &[u64]) -> Option<(u64, f64, f64)> {
@@ -159,14 +161,14 @@ mod tests {
     #[test]
     fn a_window_rolls_into_the_last_and_then_out() {
         let start = Instant::now();
-        let w = Windows::new(start);
-        w.record(start, 0.0005);
+        let w = Recent::new(start);
+        w.record_at(start, 0.0005);
         assert_eq!(w.counts(start)[0], 1);
         // The next window still sees the last one...
-        w.record(start + WINDOW, 0.0005);
+        w.record_at(start + WINDOW, 0.0005);
         assert_eq!(w.counts(start + WINDOW)[0], 2);
         // ...and one two windows on sees only its own.
-        w.record(start + WINDOW * 2, 0.0005);
+        w.record_at(start + WINDOW * 2, 0.0005);
         assert_eq!(w.counts(start + WINDOW * 2)[0], 2);
         assert_eq!(w.counts(start + WINDOW * 4)[0], 0);
     }

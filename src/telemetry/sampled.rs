@@ -4,7 +4,9 @@
 //! set, so a sale that ended would report its buckets until the process restarts;
 //! here whoever samples a metric replaces its whole set of series at once, and a
 //! series not in the latest set is gone from `/metrics`. Rendered after the
-//! recorder's own text, in the same exposition format.
+//! recorder's own text, in the same exposition format. This module owns the set and
+//! its rendering; the set of an engine lives in its `status::Live`, so two engines
+//! in one process keep their series apart.
 
 use std::collections::BTreeMap;
 use std::fmt::Write;
@@ -25,41 +27,56 @@ impl Series {
     }
 }
 
-static SERIES: Mutex<BTreeMap<&'static str, Vec<Series>>> = Mutex::new(BTreeMap::new());
+/// Every sampled gauge of one engine: catalogue name → its current series.
+#[derive(Debug, Default)]
+pub struct Sampled {
+    series: Mutex<BTreeMap<&'static str, Vec<Series>>>,
+}
 
-/// Replaces every series of the gauge `name` (a catalogue name) with `series`.
-pub fn replace(name: &'static str, series: Vec<Series>) {
-    if let Ok(mut all) = SERIES.lock() {
+impl Sampled {
+    /// Replaces every series of the gauge `name` (a catalogue name) with `series`.
+    pub fn replace(&self, name: &'static str, series: Vec<Series>) {
+        // A poisoned lock only means a writer panicked mid-insert: the map is whole.
+        let mut all = self
+            .series
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
         all.insert(name, series);
+    }
+
+    /// Appends every gauge with at least one series, with its help and type lines.
+    pub fn render(&self, out: &mut String) {
+        let all = self
+            .series
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        for (name, series) in all.iter().filter(|(_, s)| !s.is_empty()) {
+            render_gauge(out, name, series);
+        }
     }
 }
 
-/// Appends every gauge with at least one series, with its help and type lines.
-pub fn render(out: &mut String) {
-    let Ok(all) = SERIES.lock() else {
-        return;
-    };
-    for (name, series) in all.iter().filter(|(_, s)| !s.is_empty()) {
-        let help = names::CATALOGUE
-            .iter()
-            .find(|m| m.name == *name)
-            .map_or("", |m| m.help);
-        let _ = writeln!(out, "# HELP {name} {}", escape_help(help));
-        let _ = writeln!(out, "# TYPE {name} gauge");
-        for s in series {
-            out.push_str(name);
-            if !s.labels.is_empty() {
-                out.push('{');
-                for (i, (label, value)) in s.labels.iter().enumerate() {
-                    if i > 0 {
-                        out.push(',');
-                    }
-                    let _ = write!(out, "{label}=\"{}\"", escape_value(value));
+/// One gauge: its help and type lines, then each series.
+fn render_gauge(out: &mut String, name: &str, series: &[Series]) {
+    let help = names::CATALOGUE
+        .iter()
+        .find(|m| m.name == name)
+        .map_or("", |m| m.help);
+    let _ = writeln!(out, "# HELP {name} {}", escape_help(help));
+    let _ = writeln!(out, "# TYPE {name} gauge");
+    for s in series {
+        out.push_str(name);
+        if !s.labels.is_empty() {
+            out.push('{');
+            for (i, (label, value)) in s.labels.iter().enumerate() {
+                if i > 0 {
+                    out.push(',');
                 }
-                out.push('}');
+                let _ = write!(out, "{label}=\"{}\"", escape_value(value));
             }
-            let _ = writeln!(out, " {}", s.value);
+            out.push('}');
         }
+        let _ = writeln!(out, " {}", s.value);
     }
 }
 
@@ -90,9 +107,10 @@ mod tests {
                 v,
             )
         };
-        replace(name, vec![bucket(0, 0.0), bucket(1, 1.0)]);
+        let sampled = Sampled::default();
+        sampled.replace(name, vec![bucket(0, 0.0), bucket(1, 1.0)]);
         let mut text = String::new();
-        render(&mut text);
+        sampled.render(&mut text);
         assert!(
             text.contains("# TYPE seckill_bucket_sold_out gauge"),
             "{text}"
@@ -102,9 +120,9 @@ mod tests {
             "{text}"
         );
         // The sale ended: its series go with it.
-        replace(name, vec![]);
+        sampled.replace(name, vec![]);
         let mut text = String::new();
-        render(&mut text);
+        sampled.render(&mut text);
         assert!(!text.contains("seckill_bucket_sold_out"), "{text}");
     }
 

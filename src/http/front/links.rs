@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::config::AmqpSettings;
 use crate::mq::publisher::ConfirmedPublisher;
+use crate::mq::reconnecting::Reconnecting;
 use crate::status::Readiness;
 use crate::store::{reads, Pool};
 
@@ -65,11 +66,9 @@ impl Replica {
 pub(super) struct Links {
     /// Reconnects by itself after a Redis restart or a dropped connection.
     pub(super) redis: ::redis::aio::ConnectionManager,
-    amqp: AmqpSettings,
-    /// `frontstage.amqp_url` or `amqp.url`: the key named when the broker refuses.
-    amqp_key: &'static str,
-    /// The confirm channel and its connection, reopened when the broker closed them.
-    publisher: tokio::sync::RwLock<(lapin::Connection, ConfirmedPublisher)>,
+    /// The confirm channel and its connection, reopened when the broker closed them;
+    /// shared by every worker of the front stage.
+    publisher: Reconnecting<ConfirmedPublisher>,
     /// Where the state of the links is reported (`/readyz`).
     readiness: Arc<Readiness>,
 }
@@ -83,14 +82,12 @@ impl Links {
         readiness: Arc<Readiness>,
     ) -> Result<Self, crate::http::HttpError> {
         let redis = crate::redis::connect_managed(redis).await?;
-        let connection =
-            crate::mq::connect_to(&amqp, &amqp.url, amqp_key, "seckill-frontstage").await?;
-        let publisher = ConfirmedPublisher::open(&connection).await?;
+        let publisher = Reconnecting::to(&amqp, amqp.url.clone(), amqp_key, "seckill-frontstage");
+        // Opened now: a broker that refuses fails the start, not the first buyer.
+        publisher.get().await?;
         Ok(Self {
             redis,
-            amqp,
-            amqp_key,
-            publisher: tokio::sync::RwLock::new((connection, publisher)),
+            publisher,
             readiness,
         })
     }
@@ -100,16 +97,10 @@ impl Links {
     /// closed, so the first buyer after a blip does not pay for it).
     pub(super) async fn check(&self) {
         let mut redis = self.redis.clone();
-        let redis = match tokio::time::timeout(
-            LINK_CHECK_TIMEOUT,
-            crate::redis::commands::ping(&mut redis),
-        )
-        .await
-        {
-            Ok(Ok(())) => None,
-            Ok(Err(e)) => Some(format!("redis: {e}")),
-            Err(_) => Some("redis: no answer within 1 s".to_owned()),
-        };
+        let redis = crate::redis::health::check(&mut redis, LINK_CHECK_TIMEOUT)
+            .await
+            .err()
+            .map(|why| format!("redis: {why}"));
         let broker = match tokio::time::timeout(LINK_CHECK_TIMEOUT, self.publisher()).await {
             Ok(Ok(_)) => None,
             Ok(Err(e)) => Some(format!("rabbitmq: {e}")),
@@ -132,26 +123,6 @@ impl Links {
     /// The confirm channel; reopened (on a new connection if need be) after the broker
     /// closed it, e.g. after a publish to a missing exchange.
     pub(super) async fn publisher(&self) -> Result<ConfirmedPublisher, crate::mq::MqError> {
-        {
-            let current = self.publisher.read().await;
-            if current.1.channel().status().connected() {
-                return Ok(current.1.clone());
-            }
-        }
-        let mut current = self.publisher.write().await;
-        if current.1.channel().status().connected() {
-            return Ok(current.1.clone());
-        }
-        if !current.0.status().connected() {
-            current.0 = crate::mq::connect_to(
-                &self.amqp,
-                &self.amqp.url,
-                self.amqp_key,
-                "seckill-frontstage",
-            )
-            .await?;
-        }
-        current.1 = ConfirmedPublisher::open(&current.0).await?;
-        Ok(current.1.clone())
+        self.publisher.get().await
     }
 }

@@ -39,12 +39,12 @@ mod whole;
 use std::collections::HashSet;
 use std::time::Duration;
 
-use rand::Rng;
 use tokio_postgres::types::ToSql;
 use uuid::Uuid;
 
 use self::per_message::order_body;
 use self::sql::{LOAD_BUCKET_SKU, SET_TX_SETTINGS};
+use crate::domain::backoff;
 use crate::domain::message::OrderCreateMessage;
 use crate::domain::outcome::OrderOutcome;
 use crate::store::sqlstate::retry_in_place;
@@ -100,10 +100,15 @@ pub async fn create_orders(
     }
 }
 
-/// 15 ms doubling per attempt plus up to 20 ms of jitter (seed `retryDelay`).
+/// 15 ms doubling per attempt (at most 6 times) plus up to 20 ms of jitter (seed
+/// `retryDelay`).
 fn retry_delay(attempt: u32) -> Duration {
-    let base = 15u64 << attempt.saturating_sub(1).min(6);
-    Duration::from_millis(base + rand::rng().random_range(0..=20))
+    let exp = backoff::exponential(
+        Duration::from_millis(15),
+        Duration::MAX,
+        attempt.saturating_sub(1).min(6),
+    );
+    backoff::plus_up_to(exp, Duration::from_millis(20))
 }
 
 async fn create_orders_once(
