@@ -6,38 +6,8 @@ use std::process::Command;
 use seckill_engine::store;
 use secrecy::ExposeSecret;
 
+use crate::common::process::{engine, env_of, run, signal, without_colours, Serve};
 use crate::common::{admin_config, base_settings, with_dbname};
-
-pub(crate) fn engine() -> Command {
-    let mut cmd = Command::new(env!("CARGO_BIN_EXE_seckill-engine"));
-    cmd.env("RUST_LOG", "warn")
-        .env(
-            "SECKILL__FRONTSTAGE__AUTH__HS256_SECRET",
-            crate::common::TEST_JWT_SECRET,
-        )
-        .env(
-            "SECKILL__FRONTSTAGE__PURCHASE_TOKEN__SECRET",
-            crate::common::TEST_PURCHASE_SECRET,
-        );
-    cmd
-}
-
-pub(crate) struct Output {
-    pub(crate) ok: bool,
-    pub(crate) text: String,
-}
-
-pub(crate) fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("run seckill-engine");
-    Output {
-        ok: out.status.success(),
-        text: format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    }
-}
 
 async fn drop_database(name: &str) {
     let client = store::connect(&admin_config()).await.unwrap();
@@ -169,25 +139,6 @@ async fn the_engine_refuses_an_unmigrated_database() {
         .expect("an unmigrated database is refused");
     assert!(err.to_string().contains("not migrated"), "{err}");
     drop_database(&name).await;
-}
-
-/// Environment that points the binary at a test's private database, broker names and
-/// Redis prefix.
-pub(crate) fn env_of<'a>(cmd: &'a mut Command, env: &crate::common::TestEnv) -> &'a mut Command {
-    cmd.env(
-        "SECKILL__DATABASE__URL",
-        env.settings.database.url.expose_secret(),
-    )
-    .env("SECKILL__AMQP__NAMESPACE", &env.settings.amqp.namespace)
-    .env("SECKILL__REDIS__KEY_PREFIX", &env.settings.redis.key_prefix)
-    // Any free ports: several serve processes may run at once.
-    .env("SECKILL__HTTP__ADDR", "127.0.0.1:0")
-    .env("SECKILL__ADMIN__ADDR", "127.0.0.1:0")
-    // Queue arguments must match what the test's in-process engines declare.
-    .env(
-        "SECKILL__AMQP__RETRY_DELAY_MS",
-        env.settings.amqp.retry_delay_ms.to_string(),
-    )
 }
 
 #[tokio::test]
@@ -409,116 +360,6 @@ async fn diagnose_names_the_blocker_and_writes_nothing() {
     hold.rollback().await.unwrap();
     waiting.await.unwrap().unwrap();
     env.cleanup().await;
-}
-
-/// A `serve` process under test; its stderr is read to the end on a thread of its own
-/// (so it never writes into a closed pipe) and kept for failure messages.
-pub(crate) struct Serve {
-    /// `None` once waited for.
-    child: Option<std::process::Child>,
-    reader: Option<std::thread::JoinHandle<String>>,
-}
-
-impl Drop for Serve {
-    /// A failed test must not leave its engine running.
-    fn drop(&mut self) {
-        if let Some(child) = &mut self.child {
-            let _ = child.kill();
-            let _ = child.wait();
-        }
-    }
-}
-
-impl Serve {
-    /// Starts `serve` logging at INFO and waits until it logged `ready_line` (60 s
-    /// at most).
-    pub(crate) async fn start(cmd: &mut Command, ready_line: &'static str) -> (Serve, bool) {
-        Self::start_logging(cmd, ready_line, "info").await
-    }
-
-    /// Like `start`, with the log filter `filter`.
-    async fn start_logging(
-        cmd: &mut Command,
-        ready_line: &'static str,
-        filter: &str,
-    ) -> (Serve, bool) {
-        use std::io::{BufRead, BufReader};
-        let mut child = cmd
-            .env("RUST_LOG", filter)
-            .arg("serve")
-            .stderr(std::process::Stdio::piped())
-            .spawn()
-            .unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let (ready_tx, ready_rx) = tokio::sync::oneshot::channel();
-        let reader = std::thread::spawn(move || {
-            let mut ready_tx = Some(ready_tx);
-            let mut text = String::new();
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                if line.contains(ready_line) {
-                    if let Some(tx) = ready_tx.take() {
-                        let _ = tx.send(());
-                    }
-                }
-                text.push_str(&line);
-                text.push('\n');
-            }
-            text
-        });
-        let ready = tokio::time::timeout(std::time::Duration::from_secs(60), ready_rx).await;
-        let serve = Serve {
-            child: Some(child),
-            reader: Some(reader),
-        };
-        (serve, matches!(ready, Ok(Ok(()))))
-    }
-
-    /// Sends SIGTERM.
-    fn signal(&self) {
-        let signalled = Command::new("kill")
-            .args(["-TERM", &self.pid().to_string()])
-            .status()
-            .unwrap();
-        assert!(signalled.success());
-    }
-
-    /// Sends SIGTERM and returns the exit status and everything it logged.
-    pub(crate) async fn terminate(self) -> (std::process::ExitStatus, String) {
-        self.signal();
-        self.wait().await
-    }
-
-    pub(crate) fn pid(&self) -> u32 {
-        self.child.as_ref().map_or(0, |c| c.id())
-    }
-
-    pub(crate) async fn wait(mut self) -> (std::process::ExitStatus, String) {
-        let mut child = self.child.take().expect("not waited for yet");
-        let status = tokio::task::spawn_blocking(move || child.wait())
-            .await
-            .unwrap()
-            .unwrap();
-        let text = self.reader.take().expect("reader").join().unwrap();
-        (status, text)
-    }
-}
-
-/// `text` without ANSI colour sequences (`ESC [ ... m`).
-fn without_colours(text: &str) -> String {
-    let mut out = String::with_capacity(text.len());
-    let mut chars = text.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            for c in chars.by_ref() {
-                if c == 'm' {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }
 
 /// Following one activity's orders (issue 35 pt 1): the activities of
@@ -1238,14 +1079,6 @@ async fn instances_lease_distinct_node_ids_and_a_held_id_is_refused() {
         .get(0);
     assert_eq!(left, 0, "a clean stop gives the lease back");
     env.cleanup().await;
-}
-
-pub(crate) fn signal(pid: u32, sig: &str) {
-    let status = Command::new("kill")
-        .args([sig, &pid.to_string()])
-        .status()
-        .unwrap();
-    assert!(status.success(), "kill {sig} {pid}");
 }
 
 /// How long after `from` the order count first grew past what it was 300 ms after

@@ -8,9 +8,9 @@ use std::time::{Duration, Instant};
 use figment::providers::Serialized;
 use tokio_postgres::Client;
 
-use crate::cli::{engine, env_of, signal, Serve};
 use crate::common::builders::{self, order};
 use crate::common::engine::EngineHandle;
+use crate::common::process::{engine, env_of, signal, Serve};
 use crate::common::{assert_invariants, count, settle, wait_until, TestEnv};
 
 /// (available, allocated, total) of one bucket.

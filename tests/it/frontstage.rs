@@ -1348,12 +1348,14 @@ async fn a_thousand_buyers_at_the_door_get_exactly_the_stock_once_each() {
         200
     );
     assert_invariants(&db).await;
-    let out = crate::cli::run(crate::cli::env_of(&mut crate::cli::engine(), &env).args([
-        "check",
-        "--redis",
-        "--activity",
-        "68",
-    ]));
+    let out = crate::common::process::run(
+        crate::common::process::env_of(&mut crate::common::process::engine(), &env).args([
+            "check",
+            "--redis",
+            "--activity",
+            "68",
+        ]),
+    );
     assert!(out.ok, "{}", out.text);
     env.cleanup().await;
 }
@@ -1518,20 +1520,22 @@ async fn reservations_survive_redis_killing_its_clients_and_restarting() {
 #[actix_rt::test]
 async fn every_redis_key_a_sale_creates_expires() {
     let env = TestEnv::new().await;
-    let out = crate::cli::run(crate::cli::env_of(&mut crate::cli::engine(), &env).args([
-        "activity",
-        "create",
-        "--activity",
-        "70",
-        "--sku",
-        "1",
-        "--stock",
-        "2",
-        "--buckets",
-        "2",
-        "--price",
-        "1999",
-    ]));
+    let out = crate::common::process::run(
+        crate::common::process::env_of(&mut crate::common::process::engine(), &env).args([
+            "activity",
+            "create",
+            "--activity",
+            "70",
+            "--sku",
+            "1",
+            "--stock",
+            "2",
+            "--buckets",
+            "2",
+            "--price",
+            "1999",
+        ]),
+    );
     assert!(out.ok, "{}", out.text);
     let db = env.db().await;
     let engine = EngineHandle::start(&env.settings).await;

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use crate::cli::{engine, env_of, Serve};
 use crate::common::builders::{self, order};
+use crate::common::process::{engine, env_of, Serve};
 use crate::common::{count, free_port, wait_until, TestEnv};
 
 /// The value of one series of a Prometheus text (`name{labels}` exactly, or a bare

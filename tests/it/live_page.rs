@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::cli::{engine, env_of, Serve};
 use crate::common::builders::{self, order};
+use crate::common::process::{engine, env_of, Serve};
 use crate::common::{consumers, count, free_port, settle, wait_until, TestEnv};
 
 /// The W3C WebDriver element key.

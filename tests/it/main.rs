@@ -1,7 +1,7 @@
 //! The integration suite: one binary, real PostgreSQL, RabbitMQ and Redis.
 
-#[path = "../common/mod.rs"]
-mod common;
+// The test kit (crates/seckill-testkit), under the name the tests use for it.
+use seckill_testkit as common;
 
 mod admin;
 mod background;

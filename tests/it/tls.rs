@@ -203,7 +203,7 @@ async fn the_pipeline_and_the_front_stage_run_over_tls_only_links() {
 /// Runs `serve` with `env` set and returns its output once it exited, which it must
 /// within a minute.
 async fn serve_exits(env: Vec<(String, String)>) -> (bool, String) {
-    let mut cmd = crate::cli::engine();
+    let mut cmd = crate::common::process::engine();
     cmd.arg("serve")
         .env("SECKILL__HTTP__ADDR", "127.0.0.1:0")
         .env("SECKILL__ADMIN__ADDR", "127.0.0.1:0")
@@ -220,7 +220,7 @@ async fn serve_exits(env: Vec<(String, String)>) -> (bool, String) {
     )
     .await;
     let Ok(out) = waited else {
-        crate::cli::signal(pid, "-KILL");
+        crate::common::process::signal(pid, "-KILL");
         panic!("serve still running a minute after start");
     };
     let out = out.expect("join").expect("serve output");
