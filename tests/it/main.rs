@@ -5,7 +5,7 @@ use seckill_testkit as common;
 
 mod admin;
 mod background;
-mod cli;
+mod commands;
 mod deploy;
 mod faults;
 mod frontstage;
@@ -16,6 +16,8 @@ mod live_page;
 mod pipeline;
 mod pool;
 mod roles;
+mod scale_out;
 mod schema;
+mod serve;
 mod services;
 mod tls;
