@@ -8,7 +8,7 @@ use seckill_engine::store;
 use secrecy::ExposeSecret;
 
 use crate::common::process::{engine, env_of, run, Serve};
-use crate::common::{admin_config, base_settings, with_dbname};
+use crate::common::{admin_config, base_settings, wait_until, with_dbname, Sale, HANG};
 
 async fn drop_database(name: &str) {
     let client = store::connect(&admin_config()).await.unwrap();
@@ -230,9 +230,7 @@ async fn activity_create_loads_postgres_and_redis_and_refuses_to_overwrite() {
 
 #[tokio::test]
 async fn check_passes_on_clean_data_and_fails_on_a_broken_invariant() {
-    let env = crate::common::TestEnv::new().await;
-    let mut db = env.db().await;
-    crate::common::builders::activity(&mut db, 32, 1, 5, 1).await;
+    let (env, db) = Sale::new().activity(32, 5, 1).open().await;
     let out = run(env_of(&mut engine(), &env).arg("check"));
     assert!(out.ok, "{}", out.text);
     assert_eq!(
@@ -279,9 +277,7 @@ async fn check_passes_on_clean_data_and_fails_on_a_broken_invariant() {
 /// that refuse any write (issue 35 pt 3).
 #[tokio::test]
 async fn diagnose_names_the_blocker_and_writes_nothing() {
-    let env = crate::common::TestEnv::new().await;
-    let mut db = env.db().await;
-    crate::common::builders::activity(&mut db, 33, 1, 5, 1).await;
+    let (env, db) = Sale::new().activity(33, 5, 1).open().await;
     // The engine's queues, so that their dead-letter depths can be read.
     crate::common::engine::EngineHandle::start(&env.settings)
         .await
@@ -319,7 +315,7 @@ async fn diagnose_names_the_blocker_and_writes_nothing() {
             .await
     });
     assert!(
-        crate::common::wait_until(std::time::Duration::from_secs(10), || async {
+        wait_until(HANG, || async {
             crate::common::count(
                 &db,
                 &format!(
@@ -591,7 +587,9 @@ fn no_secret_appears_in_any_output_for_bad_values() {
                 .stderr(std::process::Stdio::piped());
             let mut child = cmd.spawn().unwrap();
             // `serve` with only the admin token set runs: give it a moment to log
-            // whatever it logs at start, then stop it.
+            // whatever it logs at start, then stop it. The moment is deliberate (a
+            // running serve has no last line to wait for); the others exit sooner,
+            // which the loop polls for.
             let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
             while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
                 std::thread::sleep(std::time::Duration::from_millis(50));
@@ -617,9 +615,7 @@ fn no_secret_appears_in_any_output_for_bad_values() {
 /// and after (issue 35 pt 5).
 #[tokio::test]
 async fn maintain_vacuums_the_hot_tables_after_the_sale_and_reports_dead_rows() {
-    let env = crate::common::TestEnv::new().await;
-    let mut db = env.db().await;
-    crate::common::builders::activity(&mut db, 34, 1, 5, 1).await;
+    let (env, db) = Sale::new().activity(34, 5, 1).open().await;
     // Dead rows, as a sale leaves them on the inventory row; autovacuum (eager on
     // this table) must not take them first.
     db.batch_execute("ALTER TABLE sku_inventory SET (autovacuum_enabled = false)")
@@ -649,7 +645,7 @@ async fn maintain_vacuums_the_hot_tables_after_the_sale_and_reports_dead_rows() 
     // The statistics of the updates above reach the shared counters by the time the
     // command reads them; wait for them rather than assume.
     assert!(
-        crate::common::wait_until(std::time::Duration::from_secs(10), || async {
+        wait_until(HANG, || async {
             db.batch_execute("SELECT pg_stat_clear_snapshot()")
                 .await
                 .unwrap();

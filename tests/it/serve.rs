@@ -1,7 +1,12 @@
 //! `serve`: readiness, liveness and metrics, the logs, and stopping on a signal (a
 //! drain, a second signal).
 
+use std::time::{Duration, Instant};
+
+use crate::common::builders;
+use crate::common::engine::EngineHandle;
 use crate::common::process::{engine, env_of, without_colours, Serve};
+use crate::common::{assert_invariants, count, free_port, settle, wait_until, Sale, TestEnv, HANG};
 
 /// Following one activity's orders (issue 35 pt 1): the activities of
 /// `telemetry.trace_activities`, and one added by `POST /admin/trace`, get an INFO
@@ -9,12 +14,12 @@ use crate::common::process::{engine, env_of, without_colours, Serve};
 /// activity's orders log nothing at INFO.
 #[actix_rt::test]
 async fn traced_activities_log_each_order_at_info_and_others_do_not() {
-    let env = crate::common::TestEnv::new().await;
+    let env = TestEnv::new().await;
     let mut db = env.db().await;
     for activity in [82, 83, 84] {
-        crate::common::builders::activity(&mut db, activity, 1, 10, 1).await;
+        builders::activity(&mut db, activity, 1, 10, 1).await;
     }
-    let admin = format!("127.0.0.1:{}", crate::common::free_port());
+    let admin = format!("127.0.0.1:{}", free_port());
     let token = "test-admin-token-0123456789";
     let mut cmd = engine();
     env_of(&mut cmd, &env)
@@ -27,20 +32,20 @@ async fn traced_activities_log_each_order_at_info_and_others_do_not() {
         let amqp = env.amqp().await;
         let batch = |activity: i64| -> Vec<_> {
             (1..=5)
-                .map(|u| crate::common::builders::order(activity, 1, u, 0))
+                .map(|u| builders::order(activity, 1, u, 0))
                 .collect()
         };
         let settled = |n: i64| {
             let db = &db;
             async move {
-                crate::common::wait_until(std::time::Duration::from_secs(60), || async {
-                    crate::common::count(db, "SELECT count(*) FROM consumer_inbox").await == n
+                wait_until(HANG, || async {
+                    count(db, "SELECT count(*) FROM consumer_inbox").await == n
                 })
                 .await
             }
         };
-        crate::common::builders::publish(&env, &amqp, &batch(82)).await;
-        crate::common::builders::publish(&env, &amqp, &batch(83)).await;
+        builders::publish(&env, &amqp, &batch(82)).await;
+        builders::publish(&env, &amqp, &batch(83)).await;
         assert!(settled(10).await);
         let mut res = awc::Client::default()
             .post(format!("http://{admin}/admin/trace"))
@@ -57,7 +62,7 @@ async fn traced_activities_log_each_order_at_info_and_others_do_not() {
             .map(|f| f["activity_id"].as_i64().unwrap())
             .collect();
         assert_eq!(followed, vec![82, 84], "{body}");
-        crate::common::builders::publish(&env, &amqp, &batch(84)).await;
+        builders::publish(&env, &amqp, &batch(84)).await;
         assert!(settled(15).await);
     };
     result.await;
@@ -96,7 +101,7 @@ async fn traced_activities_log_each_order_at_info_and_others_do_not() {
 
 #[tokio::test]
 async fn serve_starts_and_exits_cleanly_on_sigterm() {
-    let env = crate::common::TestEnv::new().await;
+    let env = TestEnv::new().await;
     let (serve, ready) = Serve::start(env_of(&mut engine(), &env), "engine ready").await;
     let (status, text) = serve.terminate().await;
     assert!(ready, "the engine never logged readiness:\n{text}");
@@ -107,10 +112,8 @@ async fn serve_starts_and_exits_cleanly_on_sigterm() {
 
 #[actix_rt::test]
 async fn serve_exposes_liveness_readiness_and_metrics_that_count_outcomes() {
-    let env = crate::common::TestEnv::new().await;
-    let mut db = env.db().await;
-    crate::common::builders::activity(&mut db, 81, 1, 10, 1).await;
-    let admin = format!("127.0.0.1:{}", crate::common::free_port());
+    let (env, db) = Sale::new().activity(81, 10, 1).open().await;
+    let admin = format!("127.0.0.1:{}", free_port());
     let mut cmd = engine();
     env_of(&mut cmd, &env)
         .env("SECKILL__ADMIN__ADDR", &admin)
@@ -142,18 +145,16 @@ async fn serve_exposes_liveness_readiness_and_metrics_that_count_outcomes() {
         assert_eq!(status, 200, "{body}");
 
         let amqp = env.amqp().await;
-        let msgs: Vec<_> = (1..=20)
-            .map(|u| crate::common::builders::order(81, 1, u, 0))
-            .collect();
-        crate::common::builders::publish(&env, &amqp, &msgs).await;
-        let settled = crate::common::wait_until(std::time::Duration::from_secs(60), || async {
-            crate::common::count(&db, "SELECT count(*) FROM consumer_inbox").await == 20
+        let msgs: Vec<_> = (1..=20).map(|u| builders::order(81, 1, u, 0)).collect();
+        builders::publish(&env, &amqp, &msgs).await;
+        let settled = wait_until(HANG, || async {
+            count(&db, "SELECT count(*) FROM consumer_inbox").await == 20
         })
         .await;
         assert!(settled);
         // A COMMIT is visible in PostgreSQL before the engine has read its answer and
         // counted the outcome, so the inbox rows alone do not mean the counters are in.
-        let counted = crate::common::wait_until(std::time::Duration::from_secs(10), || async {
+        let counted = wait_until(HANG, || async {
             let text = get("/metrics").await.1;
             let outcomes: f64 = text
                 .lines()
@@ -203,7 +204,7 @@ async fn serve_exposes_liveness_readiness_and_metrics_that_count_outcomes() {
         assert!(text.contains("seckill_build_info{version=\""), "{text}");
         // The gauges sampled from PostgreSQL, RabbitMQ and the pool, and the rest of
         // the issue's list.
-        let sampled = crate::common::wait_until(std::time::Duration::from_secs(10), || async {
+        let sampled = wait_until(HANG, || async {
             get("/metrics").await.1.contains("seckill_outbox_pending")
         })
         .await;
@@ -300,9 +301,7 @@ async fn serve_exposes_liveness_readiness_and_metrics_that_count_outcomes() {
 
 #[actix_rt::test]
 async fn sigterm_mid_run_drains_and_a_restart_finishes_with_one_effect_each() {
-    let env = crate::common::TestEnv::new().await;
-    let mut db = env.db().await;
-    crate::common::builders::activity(&mut db, 82, 1, 3_000, 4).await;
+    let (env, db) = Sale::new().activity(82, 3_000, 4).open().await;
     let grace_ms = 20_000;
     let mut cmd = engine();
     env_of(&mut cmd, &env).env("SECKILL__SHUTDOWN__GRACE_MS", grace_ms.to_string());
@@ -311,58 +310,50 @@ async fn sigterm_mid_run_drains_and_a_restart_finishes_with_one_effect_each() {
 
     let amqp = env.amqp().await;
     let msgs: Vec<_> = (0..5_000)
-        .map(|u| crate::common::builders::order(82, 1, u + 1, (u % 4) as i16))
+        .map(|u| builders::order(82, 1, u + 1, (u % 4) as i16))
         .collect();
-    crate::common::builders::publish(&env, &amqp, &msgs).await;
-    let started = crate::common::wait_until(std::time::Duration::from_secs(120), || async {
-        crate::common::count(&db, "SELECT count(*) FROM consumer_inbox").await >= 500
+    builders::publish(&env, &amqp, &msgs).await;
+    let started = wait_until(HANG, || async {
+        count(&db, "SELECT count(*) FROM consumer_inbox").await >= 500
     })
     .await;
     assert!(started);
-    let signalled_at = std::time::Instant::now();
+    let signalled_at = Instant::now();
     let (status, text) = serve.terminate().await;
     let took = signalled_at.elapsed();
     assert!(status.success(), "serve exited with {status}:\n{text}");
-    assert!(
-        took < std::time::Duration::from_millis(grace_ms),
-        "exit took {took:?}"
-    );
+    assert!(took < Duration::from_millis(grace_ms), "exit took {took:?}");
     assert!(text.contains("every delivery settled"), "{text}");
-    let at_stop = crate::common::count(&db, "SELECT count(*) FROM consumer_inbox").await;
+    let at_stop = count(&db, "SELECT count(*) FROM consumer_inbox").await;
     assert!(at_stop < 5_000, "the signal came too late to test a drain");
 
-    let engine = crate::common::engine::EngineHandle::start(&env.settings).await;
-    let done = crate::common::wait_until(std::time::Duration::from_secs(240), || async {
-        crate::common::count(&db, "SELECT count(*) FROM consumer_inbox").await >= 5_000
+    let engine = EngineHandle::start(&env.settings).await;
+    let done = wait_until(settle(), || async {
+        count(&db, "SELECT count(*) FROM consumer_inbox").await >= 5_000
     })
     .await;
     engine.stop().await;
     assert!(done);
     assert_eq!(
-        crate::common::count(&db, "SELECT count(DISTINCT message_id) FROM consumer_inbox").await,
+        count(&db, "SELECT count(DISTINCT message_id) FROM consumer_inbox").await,
         5_000
     );
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 3_000);
     assert_eq!(
-        crate::common::count(&db, "SELECT count(*) FROM orders").await,
-        3_000
-    );
-    assert_eq!(
-        crate::common::count(
+        count(
             &db,
             "SELECT count(*) FROM inventory_reservation WHERE status = 20"
         )
         .await,
         2_000
     );
-    crate::common::assert_invariants(&db).await;
+    assert_invariants(&db).await;
     env.cleanup().await;
 }
 
 #[actix_rt::test]
 async fn a_second_signal_exits_at_once_and_a_restart_loses_nothing() {
-    let env = crate::common::TestEnv::new().await;
-    let mut db = env.db().await;
-    crate::common::builders::activity(&mut db, 83, 1, 100, 1).await;
+    let (env, db) = Sale::new().activity(83, 100, 1).open().await;
     // Transactions wait on the held row instead of timing out, so the drain after
     // the first signal has something to wait for.
     let mut cmd = engine();
@@ -378,12 +369,10 @@ async fn a_second_signal_exits_at_once_and_a_restart_loses_nothing() {
         .unwrap();
 
     let amqp = env.amqp().await;
-    let msgs: Vec<_> = (1..=10)
-        .map(|u| crate::common::builders::order(83, 1, u, 0))
-        .collect();
-    crate::common::builders::publish(&env, &amqp, &msgs).await;
-    let waiting = crate::common::wait_until(std::time::Duration::from_secs(30), || async {
-        crate::common::count(
+    let msgs: Vec<_> = (1..=10).map(|u| builders::order(83, 1, u, 0)).collect();
+    builders::publish(&env, &amqp, &msgs).await;
+    let waiting = wait_until(HANG, || async {
+        count(
             &db,
             "SELECT count(*) FROM pg_stat_activity \
              WHERE wait_event_type = 'Lock' AND datname = current_database()",
@@ -394,12 +383,16 @@ async fn a_second_signal_exits_at_once_and_a_restart_loses_nothing() {
     .await;
     assert!(waiting, "no transaction ever waited on the held row");
     serve.signal();
-    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
-    let second = std::time::Instant::now();
+    // The second signal counts once the first has been taken (and logged).
+    assert!(
+        serve.wait_for_line("signal received, stopping", HANG).await,
+        "the first signal was never taken"
+    );
+    let second = Instant::now();
     serve.signal();
     let (status, text) = serve.wait().await;
     assert!(
-        second.elapsed() < std::time::Duration::from_secs(5),
+        second.elapsed() < Duration::from_secs(5),
         "the second signal did not end it at once ({:?})",
         second.elapsed()
     );
@@ -407,17 +400,14 @@ async fn a_second_signal_exits_at_once_and_a_restart_loses_nothing() {
     assert!(text.contains("second signal"), "{text}");
     lock.rollback().await.unwrap();
 
-    let engine = crate::common::engine::EngineHandle::start(&env.settings).await;
-    let done = crate::common::wait_until(std::time::Duration::from_secs(60), || async {
-        crate::common::count(&db, "SELECT count(*) FROM consumer_inbox").await >= 10
+    let engine = EngineHandle::start(&env.settings).await;
+    let done = wait_until(HANG, || async {
+        count(&db, "SELECT count(*) FROM consumer_inbox").await >= 10
     })
     .await;
     engine.stop().await;
     assert!(done, "the unsettled deliveries came back");
-    assert_eq!(
-        crate::common::count(&db, "SELECT count(*) FROM orders").await,
-        10
-    );
-    crate::common::assert_invariants(&db).await;
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 10);
+    assert_invariants(&db).await;
     env.cleanup().await;
 }
