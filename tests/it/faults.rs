@@ -5,13 +5,12 @@
 
 use std::time::{Duration, Instant};
 
-use figment::providers::Serialized;
 use tokio_postgres::Client;
 
 use crate::common::builders::{self, order};
 use crate::common::engine::EngineHandle;
 use crate::common::process::{engine, env_of, signal, Serve};
-use crate::common::{assert_invariants, count, settle, wait_until, TestEnv};
+use crate::common::{assert_invariants, count, settle, wait_until, Sale, TestEnv};
 
 /// (available, allocated, total) of one bucket.
 async fn bucket(db: &Client, activity: i64, bucket: i16) -> (i32, i32, i32) {
@@ -127,10 +126,11 @@ async fn sigkill_between_the_stock_update_and_commit_loses_nothing_and_takes_not
 #[actix_rt::test]
 async fn a_provoked_deadlock_is_retried_and_each_transaction_has_its_effect_once() {
     // The engine must wait for the row long enough for the deadlock check (1 s).
-    let env =
-        TestEnv::with(|f| f.merge(Serialized::default("database.lock_timeout_ms", 20_000))).await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 92, 1, 5, 1).await;
+    let (env, db) = Sale::new()
+        .set("database.lock_timeout_ms", 20_000)
+        .activity(92, 5, 1)
+        .open()
+        .await;
     let msg = order(92, 1, 7, 0);
     // The reservation is already recorded (PENDING_DB): the engine then locks it
     // before it takes stock from the bucket, which is the order the operator's
@@ -229,13 +229,12 @@ async fn a_provoked_deadlock_is_retried_and_each_transaction_has_its_effect_once
 /// dead-lettered, and all are made once the connections come back.
 #[actix_rt::test]
 async fn an_exhausted_pool_delays_orders_and_loses_none() {
-    let env = TestEnv::with(|f| {
-        f.merge(Serialized::default("database.pool_size", 2))
-            .merge(Serialized::default("database.acquire_timeout_ms", 100))
-    })
-    .await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 93, 1, 100, 4).await;
+    let (env, db) = Sale::new()
+        .set("database.pool_size", 2)
+        .set("database.acquire_timeout_ms", 100)
+        .activity(93, 100, 4)
+        .open()
+        .await;
     let engine = EngineHandle::start(&env.settings).await;
     let held = {
         let pool = engine.pool.clone();

@@ -5,7 +5,6 @@ use std::collections::HashMap;
 use std::time::Duration;
 
 use chrono::Utc;
-use figment::providers::Serialized;
 use futures_util::future::join_all;
 use lapin::options::{ExchangeDeclareOptions, ExchangeDeleteOptions};
 use lapin::types::FieldTable;
@@ -17,7 +16,7 @@ use uuid::Uuid;
 
 use crate::common::builders;
 use crate::common::engine::EngineHandle;
-use crate::common::{assert_invariants, count, redis_stocks, token, wait_until, TestEnv};
+use crate::common::{assert_invariants, count, redis_stocks, token, wait_until, Sale, TestEnv};
 
 #[tokio::test]
 async fn the_reserve_script_sells_exactly_the_stock_to_distinct_users() {
@@ -513,19 +512,12 @@ async fn each_buyer_is_who_the_token_says_and_sees_only_their_own() {
 #[actix_rt::test]
 async fn a_reservation_needs_the_buyer_s_own_purchase_token_from_the_sale() {
     // Many requests of one user here: the per-user rate limit (its own test) is off.
-    let env = TestEnv::with(|f| {
-        f.merge(Serialized::default(
-            "frontstage.purchase_token.max_per_user",
-            2,
-        ))
-        .merge(Serialized::default(
-            "frontstage.rate_limit.per_user_per_s",
-            0,
-        ))
-    })
-    .await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 57, 1, 5, 1).await;
+    let (env, mut db) = Sale::new()
+        .set("frontstage.purchase_token.max_per_user", 2)
+        .set("frontstage.rate_limit.per_user_per_s", 0)
+        .activity(57, 5, 1)
+        .open()
+        .await;
     builders::activity(&mut db, 58, 1, 5, 1).await;
     // Activity 59 starts in an hour; activity 60 ended a minute ago.
     builders::activity(&mut db, 59, 1, 5, 1).await;
@@ -941,11 +933,11 @@ async fn a_failed_publish_gives_the_reservation_back_and_answers_503() {
 /// RELEASED and creates no order (issue 39 pt 7).
 #[actix_rt::test]
 async fn reconciliation_releases_an_orphan_in_postgres_then_gives_it_back_once() {
-    let env =
-        TestEnv::with(|f| f.merge(Serialized::default("frontstage.reconcile_interval_ms", 100)))
-            .await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 55, 1, 10, 2).await;
+    let (env, db) = Sale::new()
+        .set("frontstage.reconcile_interval_ms", 100)
+        .activity(55, 10, 2)
+        .open()
+        .await;
     let keys = SkuKeys::new(&env.settings.redis.key_prefix, 55, 1);
     let mut redis = env.redis().await;
     seckill_engine::redis::load_stock(&mut redis, &keys, &[5, 5], crate::common::sale_end())
@@ -1019,9 +1011,10 @@ async fn reconciliation_releases_an_orphan_in_postgres_then_gives_it_back_once()
 /// has the unit back; never both, never neither (issue 39 pt 7).
 #[actix_rt::test]
 async fn the_reconciler_racing_late_messages_never_both_sells_and_gives_back() {
-    let env =
-        TestEnv::with(|f| f.merge(Serialized::default("frontstage.reconcile_interval_ms", 20)))
-            .await;
+    let env = Sale::new()
+        .set("frontstage.reconcile_interval_ms", 20)
+        .env()
+        .await;
     let mut db = env.db().await;
     const N: i64 = 200;
     builders::activity(&mut db, 56, 1, N as i32, 4).await;
@@ -1111,11 +1104,11 @@ async fn the_reconciler_racing_late_messages_never_both_sells_and_gives_back() {
 /// and after reconciliation Redis and PostgreSQL agree (issue 39 pt 7).
 #[actix_rt::test]
 async fn an_unconfirmed_publish_keeps_its_unit_and_reconciles_with_the_order() {
-    let env = TestEnv::with(|f| {
-        f.merge(Serialized::default("frontstage.reconcile_interval_ms", 100))
-            .merge(Serialized::default("frontstage.reservation_ttl_ms", 1000))
-    })
-    .await;
+    let env = Sale::new()
+        .set("frontstage.reconcile_interval_ms", 100)
+        .set("frontstage.reservation_ttl_ms", 1000)
+        .env()
+        .await;
     let mut db = env.db().await;
     // The failpoint is process-wide, armed for this activity id alone.
     builders::activity(&mut db, 4242, 1, 5, 1).await;
@@ -1207,11 +1200,11 @@ async fn pending_is_empty(redis: &::redis::aio::MultiplexedConnection, keys: &Sk
 /// the window the script looks again and sells the returned unit (issue 39 pt 9).
 #[actix_rt::test]
 async fn a_sold_out_sku_is_answered_from_memory_until_the_script_looks_again() {
-    let env =
-        TestEnv::with(|f| f.merge(Serialized::default("frontstage.sold_out_recheck_ms", 3000)))
-            .await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 67, 1, 1, 1).await;
+    let (env, _db) = Sale::new()
+        .set("frontstage.sold_out_recheck_ms", 3000)
+        .activity(67, 1, 1)
+        .open()
+        .await;
     let keys = SkuKeys::new(&env.settings.redis.key_prefix, 67, 1);
     let mut redis = env.redis().await;
     seckill_engine::redis::load_stock(&mut redis, &keys, &[1], crate::common::sale_end())
@@ -1276,16 +1269,12 @@ async fn a_sold_out_sku_is_answered_from_memory_until_the_script_looks_again() {
 /// twice, and `check --redis` finds Redis and PostgreSQL in agreement.
 #[actix_rt::test]
 async fn a_thousand_buyers_at_the_door_get_exactly_the_stock_once_each() {
-    let env = TestEnv::with(|f| {
-        // All the buyers share the test's address.
-        f.merge(Serialized::default(
-            "frontstage.rate_limit.per_address_per_s",
-            0,
-        ))
-    })
-    .await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 68, 1, 200, 8).await;
+    // All the buyers share the test's address.
+    let (env, db) = Sale::new()
+        .set("frontstage.rate_limit.per_address_per_s", 0)
+        .activity(68, 200, 8)
+        .open()
+        .await;
     let keys = SkuKeys::new(&env.settings.redis.key_prefix, 68, 1);
     let mut redis = env.redis().await;
     seckill_engine::redis::load_stock(&mut redis, &keys, &[25; 8], crate::common::sale_end())
@@ -1369,9 +1358,11 @@ async fn a_thousand_buyers_at_the_door_get_exactly_the_stock_once_each() {
 async fn reservations_survive_redis_killing_its_clients_and_restarting() {
     let mut private = crate::common::PrivateRedis::start().await;
     let url = private.url();
-    let env = TestEnv::with(|f| f.merge(Serialized::default("redis.url", url))).await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 69, 1, 40, 1).await;
+    let (env, db) = Sale::new()
+        .set("redis.url", url)
+        .activity(69, 40, 1)
+        .open()
+        .await;
     let keys = SkuKeys::new(&env.settings.redis.key_prefix, 69, 1);
     let mut redis = env.redis().await;
     seckill_engine::redis::load_stock(&mut redis, &keys, &[40], crate::common::sale_end())

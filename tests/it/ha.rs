@@ -18,7 +18,9 @@ use uuid::Uuid;
 
 use crate::common::builders::{self, order};
 use crate::common::engine::EngineHandle;
-use crate::common::{assert_invariants, consumers, count, free_port, settle, wait_until, TestEnv};
+use crate::common::{
+    assert_invariants, consumers, count, free_port, settle, wait_until, Sale, TestEnv,
+};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -394,9 +396,11 @@ async fn a_cancelled_wait_for_the_standby_is_an_unknown_outcome_not_an_ack() {
 /// Runs on the shared server: only the test's own database turns read-only.
 #[actix_rt::test]
 async fn a_read_only_primary_makes_messages_wait_and_never_dead_letters_them() {
-    let env = TestEnv::with(|f| f.merge(Serialized::default("amqp.max_retries", 1))).await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 4, 1, 1_000, 4).await;
+    let (env, db) = Sale::new()
+        .set("amqp.max_retries", 1)
+        .activity(4, 1_000, 4)
+        .open()
+        .await;
     let engine = EngineHandle::start(&env.settings).await;
     let amqp = env.amqp().await;
     let early: Vec<_> = (1..=20).map(|u| order(4, 1, u, (u % 4) as i16)).collect();
