@@ -919,6 +919,7 @@ async fn retention_skips_rows_the_order_path_holds() {
         .await
         .unwrap();
     assert_eq!((archived, pruned), (3, 3), "the held rows are skipped");
+    // About the timing: skipping the held rows means not waiting for them.
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "no wait on the held rows: {:?}",
@@ -1198,10 +1199,10 @@ async fn a_lost_node_id_lease_stops_minting_and_intake() {
         .await
         .unwrap();
     assert_eq!(taken, 1);
-    // The keeper renews every 5 s.
+    // The keeper renews every 5 s; a loaded machine may delay that renewal.
     let readiness = engine.readiness.clone();
     assert!(
-        crate::common::wait_until(Duration::from_secs(15), || {
+        crate::common::wait_until(crate::common::HANG, || {
             let readiness = readiness.clone();
             async move { !readiness.may_mint() }
         })

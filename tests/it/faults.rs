@@ -10,7 +10,7 @@ use tokio_postgres::Client;
 use crate::common::builders::{self, order};
 use crate::common::engine::EngineHandle;
 use crate::common::process::{engine, env_of, signal, Serve};
-use crate::common::{assert_invariants, count, settle, wait_until, Sale, TestEnv};
+use crate::common::{assert_invariants, count, settle, wait_until, Sale, TestEnv, HANG};
 
 /// (available, allocated, total) of one bucket.
 async fn bucket(db: &Client, activity: i64, bucket: i16) -> (i32, i32, i32) {
@@ -62,7 +62,7 @@ async fn sigkill_between_the_stock_update_and_commit_loses_nothing_and_takes_not
             == Some(tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)
     };
     assert!(
-        wait_until(Duration::from_secs(60), row_locked).await,
+        wait_until(HANG, row_locked).await,
         "the engine never reached the point before COMMIT"
     );
     let open = count(
@@ -85,7 +85,7 @@ async fn sigkill_between_the_stock_update_and_commit_loses_nothing_and_takes_not
 
     // PostgreSQL rolled it back: no lock, no order, no stock taken.
     assert!(
-        wait_until(Duration::from_secs(30), || async { !row_locked().await }).await,
+        wait_until(HANG, || async { !row_locked().await }).await,
         "the killed transaction still holds the row"
     );
     assert_eq!(bucket(&db, 91, 0).await, (5, 0, 5));
@@ -170,10 +170,7 @@ async fn a_provoked_deadlock_is_retried_and_each_transaction_has_its_effect_once
     let amqp = env.amqp().await;
     builders::publish(&env, &amqp, std::slice::from_ref(&msg)).await;
     assert!(
-        wait_until(Duration::from_secs(60), || async {
-            count(&db, WAITING_FOR_A_LOCK).await == 1
-        })
-        .await,
+        wait_until(HANG, || async { count(&db, WAITING_FOR_A_LOCK).await == 1 }).await,
         "the order transaction never waited for the bucket row"
     );
     // Close the cycle: the operator now wants the reservation the engine holds. It
@@ -202,6 +199,7 @@ async fn a_provoked_deadlock_is_retried_and_each_transaction_has_its_effect_once
         deadlocks_before + 1,
         "PostgreSQL found exactly one deadlock"
     );
+    // About the timing: PostgreSQL breaks the cycle after its deadlock_timeout.
     assert!(waited < Duration::from_secs(10), "{waited:?}");
     assert_eq!(
         count(&db, "SELECT count(*) FROM orders WHERE user_id = 7").await,
@@ -257,7 +255,7 @@ async fn an_exhausted_pool_delays_orders_and_loses_none() {
     let msgs: Vec<_> = (1..=40).map(|u| order(93, 1, u, (u % 4) as i16)).collect();
     builders::publish(&env, &amqp, &msgs).await;
     assert!(
-        wait_until(Duration::from_secs(30), || async {
+        wait_until(HANG, || async {
             engine.pool.state().timed_out >= timeouts_before + 5
         })
         .await,

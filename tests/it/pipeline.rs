@@ -11,7 +11,9 @@ use tokio_postgres::Client;
 
 use crate::common::builders::{self, order, resend};
 use crate::common::engine::EngineHandle;
-use crate::common::{assert_invariants, consumers, count, settle, wait_until, Sale, TestEnv};
+use crate::common::{
+    assert_invariants, check_during, consumers, count, settle, wait_until, Sale, TestEnv,
+};
 
 /// Result codes recorded in the inbox, with their counts.
 async fn results(db: &Client) -> HashMap<String, i64> {
@@ -560,11 +562,15 @@ async fn a_slow_database_stops_the_intake_not_the_broker() {
     // The engine takes what the permits allow and no more; the backlog waits in the
     // broker, not in the engine's memory.
     assert!(wait_until(settle(), || async { engine.stats.in_flight() == 2 }).await);
-    for _ in 0..20 {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(engine.stats.in_flight() <= 2);
-        assert_eq!(env.ready_count(&channel, &queue).await, 1_998);
-    }
+    check_during(
+        Duration::from_secs(1),
+        Duration::from_millis(50),
+        || async {
+            assert!(engine.stats.in_flight() <= 2);
+            assert_eq!(env.ready_count(&channel, &queue).await, 1_998);
+        },
+    )
+    .await;
     assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 0);
 
     holder.batch_execute("COMMIT").await.unwrap();
@@ -612,9 +618,11 @@ async fn orders_arriving_during_a_transaction_go_together() {
     builders::publish(&env, &amqp, &msgs[1..]).await;
     assert!(wait_until(settle(), || async { engine.stats.in_flight() == 41 }).await);
     // The intake counts a delivery before its last in-process hops (permit,
-    // reservation and bucket actors), which nothing outside the engine can see; they
-    // take microseconds, this margin covers a busy CI machine.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // reservation and bucket actors), which nothing outside the engine can see (the
+    // mailbox gauges are process-wide, shared with the tests running beside this
+    // one): a fixed margin, then. The hops take microseconds; the margin covers a
+    // machine loaded by several suites, where 500 ms could pass before they ran.
+    tokio::time::sleep(Duration::from_secs(2)).await;
 
     holder.batch_execute("COMMIT").await.unwrap();
     wait_inbox(&db, 41).await;
@@ -722,14 +730,18 @@ async fn intake_stops_consuming_while_postgres_is_unreachable_and_resumes_after(
     let msgs: Vec<_> = (1..=20).map(|user| order(10, 1, user, 0)).collect();
     builders::publish(&env, &amqp, &msgs).await;
     let channel = amqp.create_channel().await.unwrap();
-    for _ in 0..10 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(
-            env.ready_count(&channel, &queue).await,
-            20,
-            "the backlog waits in the broker"
-        );
-    }
+    check_during(
+        Duration::from_secs(1),
+        Duration::from_millis(100),
+        || async {
+            assert_eq!(
+                env.ready_count(&channel, &queue).await,
+                20,
+                "the backlog waits in the broker"
+            );
+        },
+    )
+    .await;
 
     switch.set(true);
     let resumed = wait_until(settle(), || async {
