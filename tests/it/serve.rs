@@ -6,7 +6,9 @@ use std::time::{Duration, Instant};
 use crate::common::builders;
 use crate::common::engine::EngineHandle;
 use crate::common::process::{engine, env_of, without_colours, Serve};
-use crate::common::{assert_invariants, count, free_port, settle, wait_until, Sale, TestEnv, HANG};
+use crate::common::{
+    assert_invariants, count, free_port, settle, wait_for, wait_until, Sale, TestEnv, HANG,
+};
 
 /// Following one activity's orders (issue 35 pt 1): the activities of
 /// `telemetry.trace_activities`, and one added by `POST /admin/trace`, get an INFO
@@ -371,7 +373,7 @@ async fn a_second_signal_exits_at_once_and_a_restart_loses_nothing() {
     let amqp = env.amqp().await;
     let msgs: Vec<_> = (1..=10).map(|u| builders::order(83, 1, u, 0)).collect();
     builders::publish(&env, &amqp, &msgs).await;
-    let waiting = wait_until(HANG, || async {
+    wait_for(HANG, "a transaction waiting on the held row", || async {
         count(
             &db,
             "SELECT count(*) FROM pg_stat_activity \
@@ -381,7 +383,6 @@ async fn a_second_signal_exits_at_once_and_a_restart_loses_nothing() {
             >= 1
     })
     .await;
-    assert!(waiting, "no transaction ever waited on the held row");
     serve.signal();
     // The second signal counts once the first has been taken (and logged).
     assert!(
