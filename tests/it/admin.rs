@@ -256,6 +256,7 @@ async fn a_replayed_dead_letter_makes_its_order_once_and_a_second_replay_nothing
     // A second replay finds nothing and changes nothing.
     let again = api.post("/admin/dlq/replay", json!({"all": true})).await;
     assert_eq!(again["replayed"], json!(0), "{again}");
+    // On purpose: a moment in which a wrongly replayed copy would have been taken.
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 1);
     assert_eq!(count(&db, "SELECT count(*) FROM consumer_inbox").await, 1);
@@ -383,6 +384,7 @@ async fn pause_stops_consumption_and_resume_takes_the_backlog() {
     let msgs: Vec<_> = (1..=30).map(|user| order(32, 1, user, 0)).collect();
     builders::publish(&env, &amqp, &msgs).await;
     let channel = amqp.create_channel().await.unwrap();
+    // On purpose: a moment in which a consumer that survived the pause would take them.
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(
         env.ready_count(&channel, &queue).await,

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use chrono::{TimeDelta, Utc};
-use figment::providers::Serialized;
 use futures_util::future::LocalBoxFuture;
 use lapin::options::{
     BasicAckOptions, BasicGetOptions, ExchangeDeclareOptions, ExchangeDeleteOptions,
@@ -28,7 +27,7 @@ use crate::common::builders::{self, order};
 use crate::common::engine::EngineHandle;
 use crate::common::{
     assert_invariants, count, index_entries_read, redis_stocks, sequential_scans, target_of,
-    wait_until, Switch, TestEnv,
+    wait_until, Sale, Switch, TestEnv,
 };
 
 const SETTLE: Duration = Duration::from_secs(180);
@@ -102,13 +101,12 @@ async fn drain_events(channel: &lapin::Channel, queue: &str) -> HashMap<String, 
 
 #[actix_rt::test]
 async fn payment_and_timeout_cancel_never_both_win() {
-    let env = TestEnv::with(|f| {
-        f.merge(Serialized::default("sweeper.interval_ms", 20))
-            .merge(Serialized::default("amqp.shards", 2))
-    })
-    .await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 41, 1, 1_000, 8).await;
+    let (env, db) = Sale::new()
+        .set("sweeper.interval_ms", 20)
+        .set("amqp.shards", 2)
+        .activity(41, 1_000, 8)
+        .open()
+        .await;
     // Far enough out for 1,000 orders to be created first on a busy 2-core machine.
     let expire_at = Utc::now() + TimeDelta::seconds(25);
     let msgs: Vec<_> = (0..1_000)
@@ -209,9 +207,11 @@ async fn payment_and_timeout_cancel_never_both_win() {
 
 #[actix_rt::test]
 async fn every_created_order_is_announced_once_even_with_two_publishers() {
-    let env = TestEnv::with(|f| f.merge(Serialized::default("amqp.shards", 4))).await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 42, 1, 5_000, 16).await;
+    let (env, db) = Sale::new()
+        .set("amqp.shards", 4)
+        .activity(42, 5_000, 16)
+        .open()
+        .await;
     let amqp = env.amqp().await;
     let channel = amqp.create_channel().await.unwrap();
     let queue = bind_events(&env, &channel, "created", "order.created").await;
@@ -344,7 +344,7 @@ async fn the_publisher_yields_to_orders_in_flight_until_its_backlog_is_too_old()
 
 #[actix_rt::test]
 async fn a_publisher_that_died_after_publishing_is_replaced_and_the_event_comes_again() {
-    let env = TestEnv::with(|f| f.merge(Serialized::default("outbox.lease_ms", 1_000))).await;
+    let env = Sale::new().set("outbox.lease_ms", 1_000).env().await;
     let mut db = env.db().await;
     let amqp = env.amqp().await;
     let channel = amqp.create_channel().await.unwrap();
@@ -405,14 +405,13 @@ async fn a_publisher_that_died_after_publishing_is_replaced_and_the_event_comes_
 
 #[actix_rt::test]
 async fn events_wait_in_retry_while_the_broker_refuses_them_and_all_go_out_after() {
-    let env = TestEnv::with(|f| {
-        f.merge(Serialized::default("outbox.backoff_base_ms", 100))
-            .merge(Serialized::default("outbox.backoff_max_ms", 1_000))
-            .merge(Serialized::default("outbox.interval_ms", 50))
-    })
-    .await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 44, 1, 100, 1).await;
+    let (env, db) = Sale::new()
+        .set("outbox.backoff_base_ms", 100)
+        .set("outbox.backoff_max_ms", 1_000)
+        .set("outbox.interval_ms", 50)
+        .activity(44, 100, 1)
+        .open()
+        .await;
     let amqp = env.amqp().await;
     let channel = amqp.create_channel().await.unwrap();
     let engine = EngineHandle::start(&env.settings).await;
@@ -465,13 +464,12 @@ async fn events_wait_in_retry_while_the_broker_refuses_them_and_all_go_out_after
 
 #[actix_rt::test]
 async fn the_sweeper_returns_expired_stock_and_redis_gets_each_unit_back_once() {
-    let env = TestEnv::with(|f| {
-        f.merge(Serialized::default("sweeper.interval_ms", 50))
-            .merge(Serialized::default("compensation.interval_ms", 50))
-    })
-    .await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 45, 1, 40, 4).await;
+    let (env, db) = Sale::new()
+        .set("sweeper.interval_ms", 50)
+        .set("compensation.interval_ms", 50)
+        .activity(45, 40, 4)
+        .open()
+        .await;
     let keys = SkuKeys::new(&env.settings.redis.key_prefix, 45, 1);
     let mut redis = env.redis().await;
     seckill_engine::redis::load_stock(
@@ -604,7 +602,7 @@ impl Service for PanicOnce {
 
 #[actix_rt::test]
 async fn a_publisher_that_panics_is_restarted_and_no_row_is_lost() {
-    let env = TestEnv::with(|f| f.merge(Serialized::default("outbox.lease_ms", 500))).await;
+    let env = Sale::new().set("outbox.lease_ms", 500).env().await;
     let mut db = env.db().await;
     orders_with_unpublished_events(&env, &mut db, 46, 25).await;
 
@@ -808,13 +806,13 @@ async fn redis_give_backs_wait_while_redis_is_down_and_run_once_when_it_returns(
 /// everything younger stays; `check` then compares inbox rows only within the window.
 #[actix_rt::test]
 async fn retention_moves_sent_events_to_history_and_prunes_the_inbox_past_its_window() {
-    let env = TestEnv::with(|f| {
-        f.merge(Serialized::default("retention.interval_ms", 20))
-            .merge(Serialized::default("retention.batch_size", 3))
-            .merge(Serialized::default("retention.inbox_secs", 30))
-            .merge(Serialized::default("retention.outbox_history_secs", 30))
-    })
-    .await;
+    let env = Sale::new()
+        .set("retention.interval_ms", 20)
+        .set("retention.batch_size", 3)
+        .set("retention.inbox_secs", 30)
+        .set("retention.outbox_history_secs", 30)
+        .env()
+        .await;
     let mut db = env.db().await;
     orders_with_unpublished_events(&env, &mut db, 49, 10).await;
     // Seven events were sent long ago, three just now; four orders (with their inbox
@@ -921,6 +919,7 @@ async fn retention_skips_rows_the_order_path_holds() {
         .await
         .unwrap();
     assert_eq!((archived, pruned), (3, 3), "the held rows are skipped");
+    // About the timing: skipping the held rows means not waiting for them.
     assert!(
         started.elapsed() < Duration::from_secs(2),
         "no wait on the held rows: {:?}",
@@ -1200,10 +1199,10 @@ async fn a_lost_node_id_lease_stops_minting_and_intake() {
         .await
         .unwrap();
     assert_eq!(taken, 1);
-    // The keeper renews every 5 s.
+    // The keeper renews every 5 s; a loaded machine may delay that renewal.
     let readiness = engine.readiness.clone();
     assert!(
-        crate::common::wait_until(Duration::from_secs(15), || {
+        crate::common::wait_until(crate::common::HANG, || {
             let readiness = readiness.clone();
             async move { !readiness.may_mint() }
         })

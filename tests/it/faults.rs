@@ -5,13 +5,12 @@
 
 use std::time::{Duration, Instant};
 
-use figment::providers::Serialized;
 use tokio_postgres::Client;
 
-use crate::cli::{engine, env_of, signal, Serve};
 use crate::common::builders::{self, order};
 use crate::common::engine::EngineHandle;
-use crate::common::{assert_invariants, count, settle, wait_until, TestEnv};
+use crate::common::process::{engine, env_of, signal, Serve};
+use crate::common::{assert_invariants, count, settle, wait_until, Sale, TestEnv, HANG};
 
 /// (available, allocated, total) of one bucket.
 async fn bucket(db: &Client, activity: i64, bucket: i16) -> (i32, i32, i32) {
@@ -63,7 +62,7 @@ async fn sigkill_between_the_stock_update_and_commit_loses_nothing_and_takes_not
             == Some(tokio_postgres::error::SqlState::LOCK_NOT_AVAILABLE)
     };
     assert!(
-        wait_until(Duration::from_secs(60), row_locked).await,
+        wait_until(HANG, row_locked).await,
         "the engine never reached the point before COMMIT"
     );
     let open = count(
@@ -86,7 +85,7 @@ async fn sigkill_between_the_stock_update_and_commit_loses_nothing_and_takes_not
 
     // PostgreSQL rolled it back: no lock, no order, no stock taken.
     assert!(
-        wait_until(Duration::from_secs(30), || async { !row_locked().await }).await,
+        wait_until(HANG, || async { !row_locked().await }).await,
         "the killed transaction still holds the row"
     );
     assert_eq!(bucket(&db, 91, 0).await, (5, 0, 5));
@@ -127,10 +126,11 @@ async fn sigkill_between_the_stock_update_and_commit_loses_nothing_and_takes_not
 #[actix_rt::test]
 async fn a_provoked_deadlock_is_retried_and_each_transaction_has_its_effect_once() {
     // The engine must wait for the row long enough for the deadlock check (1 s).
-    let env =
-        TestEnv::with(|f| f.merge(Serialized::default("database.lock_timeout_ms", 20_000))).await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 92, 1, 5, 1).await;
+    let (env, db) = Sale::new()
+        .set("database.lock_timeout_ms", 20_000)
+        .activity(92, 5, 1)
+        .open()
+        .await;
     let msg = order(92, 1, 7, 0);
     // The reservation is already recorded (PENDING_DB): the engine then locks it
     // before it takes stock from the bucket, which is the order the operator's
@@ -170,10 +170,7 @@ async fn a_provoked_deadlock_is_retried_and_each_transaction_has_its_effect_once
     let amqp = env.amqp().await;
     builders::publish(&env, &amqp, std::slice::from_ref(&msg)).await;
     assert!(
-        wait_until(Duration::from_secs(60), || async {
-            count(&db, WAITING_FOR_A_LOCK).await == 1
-        })
-        .await,
+        wait_until(HANG, || async { count(&db, WAITING_FOR_A_LOCK).await == 1 }).await,
         "the order transaction never waited for the bucket row"
     );
     // Close the cycle: the operator now wants the reservation the engine holds. It
@@ -202,6 +199,7 @@ async fn a_provoked_deadlock_is_retried_and_each_transaction_has_its_effect_once
         deadlocks_before + 1,
         "PostgreSQL found exactly one deadlock"
     );
+    // About the timing: PostgreSQL breaks the cycle after its deadlock_timeout.
     assert!(waited < Duration::from_secs(10), "{waited:?}");
     assert_eq!(
         count(&db, "SELECT count(*) FROM orders WHERE user_id = 7").await,
@@ -229,13 +227,12 @@ async fn a_provoked_deadlock_is_retried_and_each_transaction_has_its_effect_once
 /// dead-lettered, and all are made once the connections come back.
 #[actix_rt::test]
 async fn an_exhausted_pool_delays_orders_and_loses_none() {
-    let env = TestEnv::with(|f| {
-        f.merge(Serialized::default("database.pool_size", 2))
-            .merge(Serialized::default("database.acquire_timeout_ms", 100))
-    })
-    .await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 93, 1, 100, 4).await;
+    let (env, db) = Sale::new()
+        .set("database.pool_size", 2)
+        .set("database.acquire_timeout_ms", 100)
+        .activity(93, 100, 4)
+        .open()
+        .await;
     let engine = EngineHandle::start(&env.settings).await;
     let held = {
         let pool = engine.pool.clone();
@@ -258,7 +255,7 @@ async fn an_exhausted_pool_delays_orders_and_loses_none() {
     let msgs: Vec<_> = (1..=40).map(|u| order(93, 1, u, (u % 4) as i16)).collect();
     builders::publish(&env, &amqp, &msgs).await;
     assert!(
-        wait_until(Duration::from_secs(30), || async {
+        wait_until(HANG, || async {
             engine.pool.state().timed_out >= timeouts_before + 5
         })
         .await,

@@ -18,7 +18,10 @@ use uuid::Uuid;
 
 use crate::common::builders::{self, order};
 use crate::common::engine::EngineHandle;
-use crate::common::{assert_invariants, consumers, count, free_port, settle, wait_until, TestEnv};
+use crate::common::{
+    assert_invariants, check_during, consumers, count, free_port, poll_every, settle, wait_until,
+    Sale, TestEnv, HANG,
+};
 
 fn repo() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -121,16 +124,18 @@ async fn inbox_rows(env: &TestEnv) -> Option<i64> {
 
 /// Waits for `at_least` inbox rows on the primary; the count seen last.
 async fn wait_inbox(env: &TestEnv, at_least: i64, timeout: Duration) -> i64 {
-    let mut seen = 0;
-    let started = Instant::now();
-    while started.elapsed() < timeout {
-        seen = inbox_rows(env).await.unwrap_or(seen);
-        if seen >= at_least {
-            break;
+    // No primary at times (a fail-over): the count seen before stands.
+    let seen = std::cell::Cell::new(0);
+    let _ = poll_every(timeout, Duration::from_millis(100), || async {
+        seen.set(inbox_rows(env).await.unwrap_or(seen.get()));
+        if seen.get() >= at_least {
+            Ok(())
+        } else {
+            Err(())
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    seen
+    })
+    .await;
+    seen.get()
 }
 
 /// Every order queue and the dead-letter queue: (ready messages left, dead letters).
@@ -202,8 +207,11 @@ async fn failover_under_load(sync: bool) -> FailoverAccount {
     cluster.failover(&["crash"]).await;
     cluster.failover(&["promote"]).await;
     let promoted = Instant::now();
-    let at_promotion = wait_inbox(&env, 0, Duration::from_secs(5)).await;
-    let resumed = wait_until(Duration::from_secs(15), || async {
+    // The count as soon as the new primary answers.
+    let at_promotion = wait_inbox(&env, 0, HANG).await;
+    // Not a promised time: the intake comes back once the prober sees the new
+    // primary, which a loaded machine delays.
+    let resumed = wait_until(HANG, || async {
         inbox_rows(&env).await.unwrap_or(0) > at_promotion
     })
     .await;
@@ -249,7 +257,7 @@ async fn a_fail_over_to_the_synchronous_standby_loses_no_acknowledged_order() {
     assert_eq!(account.dead_lettered, 0, "{account:?}");
     assert!(
         account.resumed_after.is_some(),
-        "not consuming again within 15 s of the promotion: {account:?}"
+        "not consuming again within {HANG:?} of the promotion: {account:?}"
     );
 }
 
@@ -286,6 +294,7 @@ async fn without_a_synchronous_standby_intake_stops_and_resumes_when_one_is_back
 
     cluster.failover(&["stop", "pg1"]).await;
     cluster.failover(&["stop", "pg2"]).await;
+    // Kept tight: that intake stops within seconds is what this test is about.
     let stopped = wait_until(Duration::from_secs(10), || async {
         engine
             .readiness
@@ -302,14 +311,18 @@ async fn without_a_synchronous_standby_intake_stops_and_resumes_when_one_is_back
     let second: Vec<_> = (51..=100).map(|u| order(2, 1, u, 0)).collect();
     builders::publish(&env, &amqp, &second).await;
     let channel = amqp.create_channel().await.expect("channel");
-    for _ in 0..10 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(
-            env.ready_count(&channel, &queue).await,
-            50,
-            "they wait in the broker"
-        );
-    }
+    check_during(
+        Duration::from_secs(1),
+        Duration::from_millis(100),
+        || async {
+            assert_eq!(
+                env.ready_count(&channel, &queue).await,
+                50,
+                "they wait in the broker"
+            );
+        },
+    )
+    .await;
 
     cluster.failover(&["start", "pg1"]).await;
     assert_eq!(wait_inbox(&env, 100, settle()).await, 100);
@@ -344,7 +357,7 @@ async fn a_cancelled_wait_for_the_standby_is_an_unknown_outcome_not_an_ack() {
     builders::publish(&env, &amqp, &[order(3, 1, 1, 0)]).await;
     let waiting = "SELECT pid FROM pg_stat_activity WHERE wait_event = 'SyncRep'";
     let pid = std::cell::Cell::new(None);
-    let stalled = wait_until(Duration::from_secs(20), || async {
+    let stalled = wait_until(HANG, || async {
         pid.set(
             db.query_opt(waiting, &[])
                 .await
@@ -370,7 +383,7 @@ async fn a_cancelled_wait_for_the_standby_is_an_unknown_outcome_not_an_ack() {
         .expect("cancel");
     // Committed locally: the row is there, yet the delivery was not acked on it.
     assert!(
-        wait_until(Duration::from_secs(10), || async {
+        wait_until(HANG, || async {
             count(&db, "SELECT count(*) FROM consumer_inbox").await == 1
         })
         .await
@@ -394,9 +407,11 @@ async fn a_cancelled_wait_for_the_standby_is_an_unknown_outcome_not_an_ack() {
 /// Runs on the shared server: only the test's own database turns read-only.
 #[actix_rt::test]
 async fn a_read_only_primary_makes_messages_wait_and_never_dead_letters_them() {
-    let env = TestEnv::with(|f| f.merge(Serialized::default("amqp.max_retries", 1))).await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 4, 1, 1_000, 4).await;
+    let (env, db) = Sale::new()
+        .set("amqp.max_retries", 1)
+        .activity(4, 1_000, 4)
+        .open()
+        .await;
     let engine = EngineHandle::start(&env.settings).await;
     let amqp = env.amqp().await;
     let early: Vec<_> = (1..=20).map(|u| order(4, 1, u, (u % 4) as i16)).collect();
@@ -425,7 +440,7 @@ async fn a_read_only_primary_makes_messages_wait_and_never_dead_letters_them() {
     // In flight while the engine has not noticed yet, and after.
     let late: Vec<_> = (21..=220).map(|u| order(4, 1, u, (u % 4) as i16)).collect();
     builders::publish(&env, &amqp, &late).await;
-    let noticed = wait_until(Duration::from_secs(10), || async {
+    let noticed = wait_until(HANG, || async {
         engine
             .readiness
             .postgres_problem()
@@ -437,7 +452,8 @@ async fn a_read_only_primary_makes_messages_wait_and_never_dead_letters_them() {
         "readiness: {:?}",
         engine.readiness.postgres_problem()
     );
-    // Longer than the retry budget (1 retry of 200 ms, a 1 s pool wait) many times.
+    // On purpose, to show that nothing is dead-lettered however long it lasts: longer
+    // than the retry budget (1 retry of 200 ms, a 1 s pool wait) many times.
     tokio::time::sleep(Duration::from_secs(5)).await;
     assert_eq!(queues_left(&env).await.1, 0, "nothing dead-lettered");
 
@@ -455,7 +471,7 @@ async fn a_read_only_primary_makes_messages_wait_and_never_dead_letters_them() {
         count(&db, "SELECT count(*) FROM consumer_inbox").await
     );
     assert!(
-        wait_until(Duration::from_secs(10), || async {
+        wait_until(HANG, || async {
             engine.readiness.postgres_problem().is_none()
         })
         .await
@@ -585,7 +601,7 @@ async fn history_reads_use_a_fresh_replica_and_never_go_back_in_time() {
     let first = order(6, 1, 1, 0);
     builders::publish(&env, &amqp, std::slice::from_ref(&first)).await;
     assert_eq!(wait_inbox(&env, 1, settle()).await, 1);
-    let on_replica = wait_until(Duration::from_secs(20), || async {
+    let on_replica = wait_until(HANG, || async {
         let (status, source, _, body) = read_as(addr, "/v1/me/orders", 1, None).await;
         status == 200 && source == "replica" && body["orders"].as_array().map(Vec::len) == Some(1)
     })
@@ -622,7 +638,7 @@ async fn history_reads_use_a_fresh_replica_and_never_go_back_in_time() {
     );
     // Without a position, the replica may answer while its lag is small; past the
     // threshold the primary does.
-    let fell_back = wait_until(Duration::from_secs(20), || async {
+    let fell_back = wait_until(HANG, || async {
         let (_, source, _, body) = read_as(addr, "/v1/me/orders", 1, None).await;
         source == "primary" && body["orders"].as_array().map(Vec::len) == Some(2)
     })
@@ -636,7 +652,7 @@ async fn history_reads_use_a_fresh_replica_and_never_go_back_in_time() {
         .batch_execute("SELECT pg_wal_replay_resume()")
         .await
         .expect("resume replay");
-    let caught_up = wait_until(Duration::from_secs(20), || async {
+    let caught_up = wait_until(HANG, || async {
         let (_, source, _, body) = read_as(addr, "/v1/me/orders", 1, Some(&seen)).await;
         source == "replica" && body["orders"].as_array().map(Vec::len) == Some(2)
     })

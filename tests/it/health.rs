@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use crate::cli::{engine, env_of, Serve};
 use crate::common::builders::{self, order};
-use crate::common::{count, free_port, wait_until, TestEnv};
+use crate::common::process::{engine, env_of, Serve};
+use crate::common::{count, free_port, poll_every, wait_until, TestEnv, HANG};
 
 /// The value of one series of a Prometheus text (`name{labels}` exactly, or a bare
 /// name).
@@ -28,23 +28,24 @@ async fn scrape(client: &awc::Client, admin: &str) -> String {
     String::from_utf8_lossy(&body).into_owned()
 }
 
-/// Scrapes until the text satisfies `ok` (30 s at most); the last text otherwise.
+/// Scrapes until the text satisfies `ok` (`HANG` at most: the gauges are sampled
+/// every few hundred milliseconds, later on a loaded machine); the last text
+/// otherwise.
 async fn until(
     client: &awc::Client,
     admin: &str,
     ok: impl Fn(&str) -> bool,
 ) -> Result<String, String> {
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
+    poll_every(HANG, Duration::from_millis(100), || async {
         let text = scrape(client, admin).await;
         if ok(&text) {
-            return Ok(text);
+            Ok(text)
+        } else {
+            Err(text)
         }
-        if std::time::Instant::now() > deadline {
-            return Err(text);
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    })
+    .await
+    .map(|(_, text)| text)
 }
 
 #[actix_rt::test]
@@ -151,7 +152,7 @@ async fn per_bucket_stock_locks_tables_drift_and_conservation_are_exported_while
         .unwrap_or_else(|t| panic!("the lock timeout never counted: {t}"));
         tx.rollback().await.unwrap();
         assert!(
-            wait_until(Duration::from_secs(30), || async {
+            wait_until(HANG, || async {
                 count(&db, "SELECT count(*) FROM orders").await == 6
             })
             .await,

@@ -9,9 +9,9 @@ use std::time::Duration;
 
 use serde_json::{json, Value};
 
-use crate::cli::{engine, env_of, Serve};
 use crate::common::builders::{self, order};
-use crate::common::{consumers, count, free_port, settle, wait_until, TestEnv};
+use crate::common::process::{engine, env_of, Serve};
+use crate::common::{consumers, count, free_port, poll_every, settle, wait_until, TestEnv, HANG};
 
 /// The W3C WebDriver element key.
 const ELEMENT: &str = "element-6066-11e4-a52e-4f735466cecf";
@@ -54,7 +54,7 @@ impl Browser {
         let client = awc::Client::builder()
             .timeout(Duration::from_secs(60))
             .finish();
-        let up = wait_until(Duration::from_secs(30), || async {
+        let up = wait_until(HANG, || async {
             client
                 .get(format!("{base}/status"))
                 .send()
@@ -214,19 +214,19 @@ impl Browser {
         png
     }
 
-    /// Waits until the element's text satisfies `ok`; the text seen last.
+    /// Waits until the element's text satisfies `ok` (`HANG` at most: the page
+    /// polls the engine, and a loaded machine slows the browser); the text seen last.
     async fn wait_text(&self, css: &str, ok: impl Fn(&str) -> bool) -> Result<String, String> {
-        let deadline = std::time::Instant::now() + Duration::from_secs(30);
-        loop {
+        poll_every(HANG, Duration::from_millis(100), || async {
             let text = self.text(css).await.unwrap_or_default();
             if ok(&text) {
-                return Ok(text);
+                Ok(text)
+            } else {
+                Err(text)
             }
-            if std::time::Instant::now() > deadline {
-                return Err(text);
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        })
+        .await
+        .map(|(_, text)| text)
     }
 }
 
@@ -327,6 +327,7 @@ async fn the_live_page_follows_the_sale_and_its_pause_button_pauses_the_intake()
         .map(|u| order(97, 1, u, (u % 4) as i16))
         .collect();
     builders::publish(&env, &amqp, &more).await;
+    // On purpose: a while for an order to be taken if the pause did not hold.
     tokio::time::sleep(Duration::from_secs(2)).await;
     assert_eq!(
         count(&db, "SELECT count(*) FROM orders").await,

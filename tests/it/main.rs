@@ -1,11 +1,11 @@
 //! The integration suite: one binary, real PostgreSQL, RabbitMQ and Redis.
 
-#[path = "../common/mod.rs"]
-mod common;
+// The test kit (crates/seckill-testkit), under the name the tests use for it.
+use seckill_testkit as common;
 
 mod admin;
 mod background;
-mod cli;
+mod commands;
 mod deploy;
 mod faults;
 mod frontstage;
@@ -16,6 +16,8 @@ mod live_page;
 mod pipeline;
 mod pool;
 mod roles;
+mod scale_out;
 mod schema;
+mod serve;
 mod services;
 mod tls;

@@ -4,7 +4,6 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use figment::providers::Serialized;
 use lapin::options::{BasicAckOptions, BasicGetOptions};
 use seckill_engine::domain::message::OrderCreateMessage;
 use seckill_engine::mq::{DEAD_KIND_HEADER, DEAD_REASON_HEADER};
@@ -12,7 +11,9 @@ use tokio_postgres::Client;
 
 use crate::common::builders::{self, order, resend};
 use crate::common::engine::EngineHandle;
-use crate::common::{assert_invariants, consumers, count, settle, wait_until, TestEnv};
+use crate::common::{
+    assert_invariants, check_during, consumers, count, settle, wait_until, Sale, TestEnv,
+};
 
 /// Result codes recorded in the inbox, with their counts.
 async fn results(db: &Client) -> HashMap<String, i64> {
@@ -231,9 +232,11 @@ async fn one_reservation_under_fifty_message_ids_makes_one_order() {
 
 #[actix_rt::test]
 async fn sixty_four_buckets_sell_exactly_what_each_bucket_holds() {
-    let env = TestEnv::with(|f| f.merge(Serialized::default("amqp.shards", 4))).await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 5, 1, 100, 64).await;
+    let (env, db) = Sale::new()
+        .set("amqp.shards", 4)
+        .activity(5, 100, 64)
+        .open()
+        .await;
     let msgs: Vec<_> = (0..5_000)
         .map(|user| order(5, 1, user + 1, (user % 64) as i16))
         .collect();
@@ -272,13 +275,12 @@ async fn sixty_four_buckets_sell_exactly_what_each_bucket_holds() {
 /// buckets' chains of turns share it without waiting on each other.
 #[actix_rt::test]
 async fn one_order_transaction_at_a_time_over_many_buckets_settles_every_order() {
-    let env = TestEnv::with(|f| {
-        f.merge(Serialized::default("engine.order_transactions", 1))
-            .merge(Serialized::default("engine.bucket_pipeline", 3))
-    })
-    .await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 7, 1, 400, 8).await;
+    let (env, db) = Sale::new()
+        .set("engine.order_transactions", 1)
+        .set("engine.bucket_pipeline", 3)
+        .activity(7, 400, 8)
+        .open()
+        .await;
     let msgs: Vec<_> = (0..1_200)
         .map(|user| order(7, 1, user + 1, (user % 8) as i16))
         .collect();
@@ -533,14 +535,13 @@ async fn a_crash_mid_flight_loses_nothing_and_duplicates_nothing() {
 
 #[actix_rt::test]
 async fn a_slow_database_stops_the_intake_not_the_broker() {
-    let env = TestEnv::with(|f| {
-        f.merge(Serialized::default("engine.db_permits", 2))
-            .merge(Serialized::default("database.lock_timeout_ms", 60_000))
-            .merge(Serialized::default("database.statement_timeout_ms", 60_000))
-    })
-    .await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 8, 1, 5_000, 1).await;
+    let (env, db) = Sale::new()
+        .set("engine.db_permits", 2)
+        .set("database.lock_timeout_ms", 60_000)
+        .set("database.statement_timeout_ms", 60_000)
+        .activity(8, 5_000, 1)
+        .open()
+        .await;
     assert_eq!(env.settings.prefetch(), 2);
 
     // Hold the inventory row: every order transaction now waits on it.
@@ -561,11 +562,15 @@ async fn a_slow_database_stops_the_intake_not_the_broker() {
     // The engine takes what the permits allow and no more; the backlog waits in the
     // broker, not in the engine's memory.
     assert!(wait_until(settle(), || async { engine.stats.in_flight() == 2 }).await);
-    for _ in 0..20 {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        assert!(engine.stats.in_flight() <= 2);
-        assert_eq!(env.ready_count(&channel, &queue).await, 1_998);
-    }
+    check_during(
+        Duration::from_secs(1),
+        Duration::from_millis(50),
+        || async {
+            assert!(engine.stats.in_flight() <= 2);
+            assert_eq!(env.ready_count(&channel, &queue).await, 1_998);
+        },
+    )
+    .await;
     assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 0);
 
     holder.batch_execute("COMMIT").await.unwrap();
@@ -589,13 +594,12 @@ async fn a_slow_database_stops_the_intake_not_the_broker() {
 /// transaction's full price (docs/benchmarks-history.md, 2026-12-01, e25e0b5; reverted there, back since c21a6aa).
 #[actix_rt::test]
 async fn orders_arriving_during_a_transaction_go_together() {
-    let env = TestEnv::with(|f| {
-        f.merge(Serialized::default("database.lock_timeout_ms", 60_000))
-            .merge(Serialized::default("database.statement_timeout_ms", 60_000))
-    })
-    .await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 9, 1, 100, 1).await;
+    let (env, db) = Sale::new()
+        .set("database.lock_timeout_ms", 60_000)
+        .set("database.statement_timeout_ms", 60_000)
+        .activity(9, 100, 1)
+        .open()
+        .await;
     let holder = env.db().await;
     holder
         .batch_execute("BEGIN; SELECT * FROM sku_inventory WHERE activity_id = 9 FOR UPDATE")
@@ -614,9 +618,11 @@ async fn orders_arriving_during_a_transaction_go_together() {
     builders::publish(&env, &amqp, &msgs[1..]).await;
     assert!(wait_until(settle(), || async { engine.stats.in_flight() == 41 }).await);
     // The intake counts a delivery before its last in-process hops (permit,
-    // reservation and bucket actors), which nothing outside the engine can see; they
-    // take microseconds, this margin covers a busy CI machine.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    // reservation and bucket actors), which nothing outside the engine can see (the
+    // mailbox gauges are process-wide, shared with the tests running beside this
+    // one): a fixed margin, then. The hops take microseconds; the margin covers a
+    // machine loaded by several suites, where 500 ms could pass before they ran.
+    tokio::time::sleep(Duration::from_secs(2)).await;
 
     holder.batch_execute("COMMIT").await.unwrap();
     wait_inbox(&db, 41).await;
@@ -633,10 +639,11 @@ async fn orders_arriving_during_a_transaction_go_together() {
 
 #[actix_rt::test]
 async fn an_intake_whose_consumer_the_broker_cancelled_comes_back() {
-    let env =
-        TestEnv::with(|f| f.merge(Serialized::default("supervisor.restart_base_ms", 50))).await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 9, 1, 100, 1).await;
+    let (env, db) = Sale::new()
+        .set("supervisor.restart_base_ms", 50)
+        .activity(9, 100, 1)
+        .open()
+        .await;
     let engine = EngineHandle::start(&env.settings).await;
     let amqp = env.amqp().await;
     let queue = env.names.order_queue(0);
@@ -723,14 +730,18 @@ async fn intake_stops_consuming_while_postgres_is_unreachable_and_resumes_after(
     let msgs: Vec<_> = (1..=20).map(|user| order(10, 1, user, 0)).collect();
     builders::publish(&env, &amqp, &msgs).await;
     let channel = amqp.create_channel().await.unwrap();
-    for _ in 0..10 {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert_eq!(
-            env.ready_count(&channel, &queue).await,
-            20,
-            "the backlog waits in the broker"
-        );
-    }
+    check_during(
+        Duration::from_secs(1),
+        Duration::from_millis(100),
+        || async {
+            assert_eq!(
+                env.ready_count(&channel, &queue).await,
+                20,
+                "the backlog waits in the broker"
+            );
+        },
+    )
+    .await;
 
     switch.set(true);
     let resumed = wait_until(settle(), || async {
@@ -749,14 +760,13 @@ async fn intake_stops_consuming_while_postgres_is_unreachable_and_resumes_after(
 
 #[actix_rt::test]
 async fn group_commit_in_the_engine_keeps_every_promise_and_isolates_a_bad_message() {
-    let env = TestEnv::with(|f| {
-        f.merge(Serialized::default("engine.batch_max_size", 32))
-            .merge(Serialized::default("engine.db_permits", 64))
-            .merge(Serialized::default("amqp.prefetch", 64))
-    })
-    .await;
-    let mut db = env.db().await;
-    builders::activity(&mut db, 62, 1, 50, 1).await;
+    let (env, db) = Sale::new()
+        .set("engine.batch_max_size", 32)
+        .set("engine.db_permits", 64)
+        .set("amqp.prefetch", 64)
+        .activity(62, 50, 1)
+        .open()
+        .await;
     let mut msgs: Vec<_> = (1..=2_000).map(|user| order(62, 1, user, 0)).collect();
     // Another reservation claiming an order id already taken: the data rejects it,
     // and it must not take the rest of its batch down with it.
@@ -827,10 +837,10 @@ async fn group_commit_in_the_engine_keeps_every_promise_and_isolates_a_bad_messa
 #[actix_rt::test]
 async fn one_message_per_transaction_never_speculates() {
     for (batch_max_size, speculates) in [(1usize, false), (32, true)] {
-        let env = TestEnv::with(|f| {
-            f.merge(Serialized::default("engine.batch_max_size", batch_max_size))
-        })
-        .await;
+        let env = Sale::new()
+            .set("engine.batch_max_size", batch_max_size)
+            .env()
+            .await;
         let mut db = env.db().await;
         // For the engine's sessions, opened after this.
         db.batch_execute(

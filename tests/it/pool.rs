@@ -2,7 +2,7 @@
 
 use std::sync::{Arc, Mutex};
 
-use crate::common::{wait_until, TestEnv};
+use crate::common::{wait_until, TestEnv, HANG};
 
 /// A caller that asks the moment a connection comes back waits behind the callers
 /// already waiting. bb8 alone hands the connection to that newcomer, and the waiter
@@ -23,7 +23,7 @@ async fn the_pool_serves_callers_in_the_order_they_ask() {
             drop(conn);
         }));
         let asked = || async { pool.state().waiting == caller };
-        assert!(wait_until(std::time::Duration::from_secs(5), asked).await);
+        assert!(wait_until(HANG, asked).await);
     }
 
     // The connection goes back, and a newcomer asks before any waiter has run.

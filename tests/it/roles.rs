@@ -7,7 +7,7 @@ use figment::providers::{Format, Serialized};
 use secrecy::ExposeSecret;
 use tokio_postgres::error::SqlState;
 
-use crate::cli::{engine, env_of, Serve};
+use crate::common::process::{engine, env_of, Serve};
 use crate::common::{admin_config, base_settings, TestEnv};
 
 /// The suite's server URL as `user`.

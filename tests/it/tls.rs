@@ -201,9 +201,9 @@ async fn the_pipeline_and_the_front_stage_run_over_tls_only_links() {
 }
 
 /// Runs `serve` with `env` set and returns its output once it exited, which it must
-/// within a minute.
+/// (within `HANG`: a refused link ends it at once, a loaded machine only delays that).
 async fn serve_exits(env: Vec<(String, String)>) -> (bool, String) {
-    let mut cmd = crate::cli::engine();
+    let mut cmd = crate::common::process::engine();
     cmd.arg("serve")
         .env("SECKILL__HTTP__ADDR", "127.0.0.1:0")
         .env("SECKILL__ADMIN__ADDR", "127.0.0.1:0")
@@ -215,13 +215,13 @@ async fn serve_exits(env: Vec<(String, String)>) -> (bool, String) {
     let child = cmd.spawn().expect("spawn serve");
     let pid = child.id();
     let waited = tokio::time::timeout(
-        Duration::from_secs(60),
+        crate::common::HANG,
         tokio::task::spawn_blocking(move || child.wait_with_output()),
     )
     .await;
     let Ok(out) = waited else {
-        crate::cli::signal(pid, "-KILL");
-        panic!("serve still running a minute after start");
+        crate::common::process::signal(pid, "-KILL");
+        panic!("serve still running {:?} after start", crate::common::HANG);
     };
     let out = out.expect("join").expect("serve output");
     (

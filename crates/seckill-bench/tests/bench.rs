@@ -2,12 +2,12 @@
 //! invariants; the amqp path refuses a missing queue and waits only for what the
 //! broker took.
 
-#[path = "../../../tests/common/mod.rs"]
-mod common;
+// The test kit (crates/seckill-testkit), under the name the engine's suite uses.
+use seckill_testkit as common;
 
 use std::process::Command;
 
-use secrecy::ExposeSecret;
+use common::process::run;
 
 fn bench_cmd() -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_seckill-bench"));
@@ -15,54 +15,23 @@ fn bench_cmd() -> Command {
     cmd
 }
 
-struct Output {
-    ok: bool,
-    text: String,
-}
-
-fn run(cmd: &mut Command) -> Output {
-    let out = cmd.output().expect("run seckill-bench");
-    Output {
-        ok: out.status.success(),
-        text: format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        ),
-    }
-}
-
-fn env_of<'a>(cmd: &'a mut Command, env: &crate::common::TestEnv) -> &'a mut Command {
-    cmd.env(
-        "SECKILL__DATABASE__URL",
-        env.settings.database.url.expose_secret(),
-    )
-    .env("SECKILL__AMQP__NAMESPACE", &env.settings.amqp.namespace)
-    .env("SECKILL__REDIS__KEY_PREFIX", &env.settings.redis.key_prefix)
-    .env("SECKILL__HTTP__ADDR", "127.0.0.1:0")
-    .env("SECKILL__ADMIN__ADDR", "127.0.0.1:0")
-    // The engine's JWT secret: the bench signs each buyer's token with it.
-    .env(
+/// The test's private world, as for the engine (`process::env_of`), and the engine's
+/// JWT secret: the bench signs each buyer's token with it.
+fn env_of<'a>(cmd: &'a mut Command, env: &common::TestEnv) -> &'a mut Command {
+    common::process::env_of(cmd, env).env(
         "SECKILL__FRONTSTAGE__AUTH__HS256_SECRET",
-        crate::common::TEST_JWT_SECRET,
-    )
-    .env(
-        "SECKILL__AMQP__RETRY_DELAY_MS",
-        env.settings.amqp.retry_delay_ms.to_string(),
+        common::TEST_JWT_SECRET,
     )
 }
 
 #[actix_rt::test]
 async fn bench_sells_out_through_both_paths_with_clean_invariants() {
     // All the bench's buyers come from one address.
-    let env = crate::common::TestEnv::with(|f| {
-        f.merge(figment::providers::Serialized::default(
-            "frontstage.rate_limit.per_address_per_s",
-            0,
-        ))
-    })
-    .await;
-    let running_engine = crate::common::engine::EngineHandle::start(&env.settings).await;
+    let env = common::Sale::new()
+        .set("frontstage.rate_limit.per_address_per_s", 0)
+        .env()
+        .await;
+    let running_engine = common::engine::EngineHandle::start(&env.settings).await;
     let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
     let running = seckill_engine::http::front::start(
         &env.settings,
@@ -136,7 +105,7 @@ async fn bench_sells_out_through_both_paths_with_clean_invariants() {
 
 #[tokio::test]
 async fn bench_amqp_checks_its_queues_and_waits_only_for_what_the_broker_took() {
-    let env = crate::common::TestEnv::new().await;
+    let env = common::TestEnv::new().await;
     let bench = |activity: &str, settle_timeout: &str| {
         let mut cmd = bench_cmd();
         env_of(&mut cmd, &env).args([

@@ -2,31 +2,8 @@
 //! process, faults, and an account of every message. The full matrix runs with
 //! `seckill-chaos --profile full`.
 
-use std::path::PathBuf;
-
 use seckill_chaos::{run, ChaosArgs, Profile};
-
-/// The engine binary of this build: `SECKILL_ENGINE_BIN`, else `seckill-engine` in
-/// the target directory this test runs from (`target/<profile>/deps/..`). A workspace
-/// build (`cargo test --workspace`) builds it with the `chaos` feature this crate
-/// asks for.
-fn engine_binary() -> PathBuf {
-    if let Some(bin) = std::env::var_os("SECKILL_ENGINE_BIN") {
-        return PathBuf::from(bin);
-    }
-    let exe = std::env::current_exe().expect("the test's own path");
-    let profile_dir = exe
-        .parent()
-        .and_then(|deps| deps.parent())
-        .expect("target/<profile>/deps");
-    let bin = profile_dir.join("seckill-engine");
-    assert!(
-        bin.is_file(),
-        "{} is missing: run `cargo test --workspace` (it builds the engine binary) or set SECKILL_ENGINE_BIN",
-        bin.display()
-    );
-    bin
-}
+use seckill_testkit::process::engine_binary;
 
 #[actix_rt::test]
 async fn short_profile_keeps_every_promise_under_faults() {
@@ -35,6 +12,8 @@ async fn short_profile_keeps_every_promise_under_faults() {
         scenario: Vec::new(),
         report: None,
         services_dir: None,
+        // A workspace build (`cargo test --workspace`) builds it with the `chaos`
+        // feature this crate asks for.
         engine: Some(engine_binary()),
         services_script: None,
     };

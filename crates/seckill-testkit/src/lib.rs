@@ -1,13 +1,22 @@
-//! Test helpers: every test gets its own PostgreSQL database (cloned from a migrated
-//! template), its own AMQP namespace and its own Redis key prefix, so tests run in
-//! parallel against the real services and leave nothing behind.
-
-#![allow(dead_code)] // each test module uses a different subset
+//! The test kit of seckill-engine's suites (the integration tests in `tests/it`, the
+//! bench's and the fault harness's tests). Every test gets its own PostgreSQL
+//! database (cloned from a migrated template), its own AMQP namespace and its own
+//! Redis key prefix, so tests run in parallel against the real services and leave
+//! nothing behind. Beside that world: builders of test data (`builders`, `Sale`),
+//! engines in-process (`engine`) and as processes (`process`), and waits on
+//! conditions with their budgets (`wait`).
 
 pub mod builders;
 pub mod engine;
+pub mod process;
+mod sale;
+pub mod wait;
 
-use std::time::{Duration, Instant};
+pub use sale::Sale;
+pub use wait::{check_during, poll, poll_every, settle, wait_for, wait_until, HANG, POLL_EVERY};
+
+use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 use figment::providers::Serialized;
 use lapin::options::{ExchangeDeleteOptions, QueueDeclareOptions, QueueDeleteOptions};
@@ -156,23 +165,22 @@ impl TestEnv {
         let admin = store::connect(&admin_config()).await.expect("connect");
         // Several tests clone the template at once; PostgreSQL may briefly refuse
         // while another CREATE DATABASE holds it.
-        let started = Instant::now();
-        loop {
-            let created = admin
-                .batch_execute(&format!(
-                    "CREATE DATABASE {} TEMPLATE {}",
-                    migrate::quote_ident(&db_name),
-                    migrate::quote_ident(&template)
-                ))
-                .await;
-            match created {
-                Ok(()) => break,
-                Err(e) if started.elapsed() < Duration::from_secs(30) => {
+        let created = poll(HANG, || {
+            let admin = &admin;
+            let sql = format!(
+                "CREATE DATABASE {} TEMPLATE {}",
+                migrate::quote_ident(&db_name),
+                migrate::quote_ident(&template)
+            );
+            async move {
+                admin.batch_execute(&sql).await.inspect_err(|e| {
                     tracing::debug!(error = %e, "template busy, retrying");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-                Err(e) => panic!("create test database: {e}"),
+                })
             }
+        })
+        .await;
+        if let Err(e) = created {
+            panic!("create test database: {e}");
         }
         let namespace = format!("t{}", &id[..12]);
         let base = base_settings();
@@ -405,12 +413,17 @@ async fn cleanup(db_name: String, names: Names, settings: Settings, queues: Vec<
     }
 }
 
+/// The repository's root directory (this crate lives in `crates/seckill-testkit`).
+pub fn repo_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).join("../..")
+}
+
 /// Runs a project script (`script`, from the repository root, run there) with
 /// `env` set; its output, stdout then stderr. The test fails if the script does.
 pub async fn project_script(script: &str, args: &[&str], env: &[(&str, String)]) -> String {
-    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+    let root = repo_root();
     let mut cmd = std::process::Command::new(root.join(script));
-    cmd.args(args).current_dir(root);
+    cmd.args(args).current_dir(&root);
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -437,24 +450,6 @@ pub const TEST_PURCHASE_SECRET: &str = "a-test-purchase-token-secret-long-enough
 pub fn token(secret: &secrecy::SecretString, user: i64) -> String {
     seckill_engine::http::auth::issue_hs256(secret, user, Duration::from_secs(3600))
         .expect("sign a test token")
-}
-
-/// Polls `condition` until it holds or `timeout` passes; returns whether it held.
-pub async fn wait_until<F, Fut>(timeout: Duration, mut condition: F) -> bool
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = Instant::now() + timeout;
-    loop {
-        if condition().await {
-            return true;
-        }
-        if Instant::now() >= deadline {
-            return false;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// Counts rows with a query that returns one bigint.
@@ -546,43 +541,40 @@ pub fn free_port() -> u16 {
 /// only silence (what a partition or a dropped route does).
 pub struct Switch {
     pub addr: std::net::SocketAddr,
-    state: std::sync::Arc<std::sync::atomic::AtomicU8>,
-    generation: std::sync::Arc<std::sync::atomic::AtomicU64>,
+    /// Every connection follows it; a new value (even an equal one) is a change.
+    state: std::sync::Arc<tokio::sync::watch::Sender<SwitchState>>,
 }
 
-const SWITCH_UP: u8 = 0;
-const SWITCH_DOWN: u8 = 1;
-const SWITCH_BLACK_HOLE: u8 = 2;
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum SwitchState {
+    Up,
+    Down,
+    BlackHole,
+}
 
 impl Switch {
     pub async fn start(target: std::net::SocketAddr) -> Switch {
-        use std::sync::atomic::Ordering;
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let state = std::sync::Arc::new(std::sync::atomic::AtomicU8::new(SWITCH_UP));
-        let generation = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
-        let (state2, gen2) = (state.clone(), generation.clone());
+        let state = std::sync::Arc::new(tokio::sync::watch::Sender::new(SwitchState::Up));
+        // The proxy outlives the handle, as a network outlives a test's view of it.
+        let sender = state.clone();
         tokio::spawn(async move {
-            // Returns once the switch is set again after `born`.
-            async fn changed(gen: &std::sync::atomic::AtomicU64, born: u64) {
-                while gen.load(Ordering::SeqCst) == born {
-                    tokio::time::sleep(std::time::Duration::from_millis(20)).await;
-                }
-            }
             while let Ok((mut inbound, _)) = listener.accept().await {
-                let (state, gen) = (state2.clone(), gen2.clone());
-                let born = gen.load(Ordering::SeqCst);
-                match state.load(Ordering::SeqCst) {
-                    SWITCH_DOWN => continue, // dropped: the client sees it closed
-                    SWITCH_BLACK_HOLE => {
+                // Sees the switch's changes from now on.
+                let mut changes = sender.subscribe();
+                let now = *changes.borrow_and_update();
+                match now {
+                    SwitchState::Down => continue, // dropped: the client sees it closed
+                    SwitchState::BlackHole => {
                         // Held open, never answered, until the switch is set again.
                         tokio::spawn(async move {
-                            changed(&gen, born).await;
+                            let _ = changes.changed().await;
                             drop(inbound);
                         });
                         continue;
                     }
-                    _ => {}
+                    SwitchState::Up => {}
                 }
                 tokio::spawn(async move {
                     let Ok(mut outbound) = tokio::net::TcpStream::connect(target).await else {
@@ -590,25 +582,25 @@ impl Switch {
                     };
                     tokio::select! {
                         _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => return,
-                        _ = changed(&gen, born) => {}
+                        _ = changes.changed() => {}
                     }
-                    if state.load(Ordering::SeqCst) == SWITCH_BLACK_HOLE {
+                    if *changes.borrow_and_update() == SwitchState::BlackHole {
                         // Both ends stay open and hear nothing until the cut heals;
                         // then they close, as the peers will have given up by then.
-                        changed(&gen, born + 1).await;
+                        let _ = changes.changed().await;
                     }
                 });
             }
         });
-        Switch {
-            addr,
-            state,
-            generation,
-        }
+        Switch { addr, state }
     }
 
     pub fn set(&self, up: bool) {
-        self.put(if up { SWITCH_UP } else { SWITCH_DOWN });
+        self.state.send_replace(if up {
+            SwitchState::Up
+        } else {
+            SwitchState::Down
+        });
     }
 
     /// `url` (scheme://[user:password@]host:port/vhost) pointed at this switch.
@@ -624,13 +616,7 @@ impl Switch {
 
     /// Cuts like a network: nothing passes, nobody is told.
     pub fn black_hole(&self) {
-        self.put(SWITCH_BLACK_HOLE);
-    }
-
-    fn put(&self, state: u8) {
-        use std::sync::atomic::Ordering;
-        self.state.store(state, Ordering::SeqCst);
-        self.generation.fetch_add(1, Ordering::SeqCst);
+        self.state.send_replace(SwitchState::BlackHole);
     }
 }
 
@@ -668,14 +654,6 @@ pub async fn redis_stocks(
         out.push(v.unwrap_or(0));
     }
     out
-}
-
-/// How long a scenario may take to settle before the test fails.
-pub fn settle() -> Duration {
-    let secs = std::env::var("SECKILL_TEST_SETTLE_SECS")
-        .ok()
-        .and_then(|s| s.parse().ok());
-    Duration::from_secs(secs.unwrap_or(240))
 }
 
 /// How many consumers the broker counts on a queue (`None` if it cannot be asked).
@@ -745,7 +723,7 @@ impl PrivateRedis {
         self.child = Some(child);
         let url = self.url();
         assert!(
-            wait_until(Duration::from_secs(10), || {
+            wait_until(HANG, || {
                 let url = url.clone();
                 async move {
                     let Ok(client) = ::redis::Client::open(url) else {
