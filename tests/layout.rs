@@ -604,3 +604,409 @@ fn every_ignored_advisory_has_a_reason_and_has_not_expired() {
         "ignore entries must each be one line `{{ id = ..., reason = ... }}`"
     );
 }
+
+/// The arrows allowed between top-level modules: `from` may import each of `to`
+/// (docs/DESIGN.md, "Allowed imports", holds the same table). Every other arrow,
+/// and every arrow of a module missing here, fails the test: a new arrow is a design
+/// decision, made in both places.
+const ALLOWED_IMPORTS: &[(&str, &[&str])] = &[
+    (
+        "actors",
+        &[
+            "config",
+            "domain",
+            "mq",
+            "services",
+            "status",
+            "store",
+            "telemetry",
+        ],
+    ),
+    (
+        "cli",
+        &[
+            "config",
+            "domain",
+            "drift",
+            "http",
+            "mq",
+            "redis",
+            "startup",
+            "store",
+            "telemetry",
+            "tls",
+        ],
+    ),
+    ("config", &["domain", "tls"]),
+    ("domain", &[]),
+    ("drift", &["redis", "store"]),
+    (
+        "engine",
+        &[
+            "actors",
+            "config",
+            "domain",
+            "mq",
+            "services",
+            "status",
+            "store",
+            "telemetry",
+        ],
+    ),
+    ("failpoints", &[]),
+    (
+        "http",
+        &[
+            "config",
+            "domain",
+            "mq",
+            "redis",
+            "status",
+            "store",
+            "telemetry",
+        ],
+    ),
+    ("mq", &["config", "domain", "status", "telemetry", "tls"]),
+    ("redis", &["config", "telemetry", "tls"]),
+    (
+        "services",
+        &[
+            "config",
+            "domain",
+            "drift",
+            "mq",
+            "redis",
+            "status",
+            "store",
+            "telemetry",
+        ],
+    ),
+    (
+        "startup",
+        &["config", "domain", "engine", "http", "status", "store"],
+    ),
+    ("status", &["domain", "telemetry"]),
+    (
+        "store",
+        &["config", "domain", "failpoints", "telemetry", "tls"],
+    ),
+    ("telemetry", &["config"]),
+    ("tls", &[]),
+];
+
+#[test]
+fn top_level_modules_import_only_along_the_allowed_arrows() {
+    let krate = Crate::load();
+    let mut actual: BTreeMap<String, BTreeSet<String>> = BTreeMap::new();
+    for (from, tos) in krate.edges() {
+        let Some(top) = from.first() else { continue };
+        for to in tos {
+            if to[0] != *top {
+                actual.entry(top.clone()).or_default().insert(to[0].clone());
+            }
+        }
+    }
+    let allowed: BTreeMap<&str, BTreeSet<&str>> = ALLOWED_IMPORTS
+        .iter()
+        .map(|(from, to)| (*from, to.iter().copied().collect()))
+        .collect();
+    let mut other = Vec::new();
+    for (from, tos) in &actual {
+        for to in tos {
+            if !allowed
+                .get(from.as_str())
+                .is_some_and(|a| a.contains(to.as_str()))
+            {
+                other.push(format!("{from} -> {to}"));
+            }
+        }
+    }
+    assert!(
+        other.is_empty(),
+        "arrows not in ALLOWED_IMPORTS: {other:#?}\nactual: {actual:#?}"
+    );
+}
+
+/// The `ALLOWED_IMPORTS` rows as docs/DESIGN.md's "Allowed imports" table spells
+/// them: `| from | to, to |`.
+fn design_allowed_imports() -> BTreeMap<String, BTreeSet<String>> {
+    let design = std::fs::read_to_string(root().join("docs/DESIGN.md")).unwrap();
+    let section = design
+        .split("### Allowed imports")
+        .nth(1)
+        .expect("docs/DESIGN.md has an \"Allowed imports\" section");
+    let mut rows = BTreeMap::new();
+    for line in section.lines().skip_while(|l| !l.starts_with('|')) {
+        if !line.starts_with('|') {
+            break;
+        }
+        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        let [from, to] = cells[..] else { continue };
+        let from = from.trim_matches('`');
+        if from == "module" || from.starts_with("---") {
+            continue;
+        }
+        let to = to
+            .split(',')
+            .map(|t| t.trim().trim_matches('`').to_owned())
+            .filter(|t| !t.is_empty() && t != "nothing")
+            .collect();
+        rows.insert(from.to_owned(), to);
+    }
+    rows
+}
+
+#[test]
+fn the_allowed_imports_table_is_the_one_in_design() {
+    let here: BTreeMap<String, BTreeSet<String>> = ALLOWED_IMPORTS
+        .iter()
+        .map(|(from, to)| {
+            (
+                (*from).to_owned(),
+                to.iter().map(|t| (*t).to_owned()).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        here,
+        design_allowed_imports(),
+        "tests/layout.rs and docs/DESIGN.md differ"
+    );
+    // Every top-level module has its row, and no row names a module that is gone.
+    let krate = Crate::load();
+    let tops: BTreeSet<String> = krate
+        .modules
+        .keys()
+        .filter_map(|m| m.first().cloned())
+        .collect();
+    let rows: BTreeSet<String> = here.keys().cloned().collect();
+    assert_eq!(tops, rows, "top-level modules against ALLOWED_IMPORTS rows");
+}
+
+/// BEGIN, COMMIT, ROLLBACK and savepoints are the store's: a transaction opened
+/// elsewhere escapes the store's COMMIT classification (`store/tx.rs`).
+#[test]
+fn transaction_control_lives_in_store() {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let exact = [
+        "BEGIN",
+        "COMMIT",
+        "ROLLBACK",
+        "START TRANSACTION",
+        "ABORT",
+        "END",
+    ];
+    let prefixes = [
+        "BEGIN ",
+        "START TRANSACTION ",
+        "SAVEPOINT ",
+        "ROLLBACK TO ",
+        "RELEASE SAVEPOINT ",
+        "COMMIT AND ",
+    ];
+    let mut outside = Vec::new();
+    let mut in_store = 0;
+    for file in &files {
+        let rel = file
+            .strip_prefix(root())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let code = code_of(&std::fs::read_to_string(file).unwrap());
+        for lit in literals(&code) {
+            let stmt = lit.trim().trim_end_matches(';');
+            if exact.contains(&stmt) || prefixes.iter().any(|p| stmt.starts_with(p)) {
+                if rel.starts_with("src/store/") {
+                    in_store += 1;
+                } else {
+                    outside.push(format!("{rel}: {stmt}"));
+                }
+            }
+        }
+    }
+    assert!(
+        in_store > 0,
+        "the scan found no transaction control in store/"
+    );
+    assert!(
+        outside.is_empty(),
+        "transaction control outside store/: {outside:#?}"
+    );
+}
+
+/// A newcomer finds every file from DESIGN's map: each module file (by its name) and
+/// each migration.
+#[test]
+fn design_names_every_module_and_migration() {
+    let design = std::fs::read_to_string(root().join("docs/DESIGN.md")).unwrap();
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let mut missing = Vec::new();
+    for file in &files {
+        let name = file.file_name().unwrap().to_string_lossy().into_owned();
+        if ["mod.rs", "lib.rs", "main.rs"].contains(&name.as_str()) {
+            let dir = file
+                .parent()
+                .unwrap()
+                .file_name()
+                .unwrap()
+                .to_string_lossy();
+            if name == "mod.rs"
+                && !design.contains(&format!("{dir}/`"))
+                && !design.contains(&format!("{dir}/mod.rs`"))
+            {
+                missing.push(format!("{dir}/"));
+            }
+            continue;
+        }
+        if !design.contains(&format!("`{name}`")) && !design.contains(&format!("{name}`")) {
+            missing.push(
+                file.strip_prefix(root())
+                    .unwrap()
+                    .to_string_lossy()
+                    .into_owned(),
+            );
+        }
+    }
+    for entry in std::fs::read_dir(root().join("migrations")).unwrap() {
+        let name = entry.unwrap().file_name().to_string_lossy().into_owned();
+        if name.ends_with(".sql") && !design.contains(&name) {
+            missing.push(format!("migrations/{name}"));
+        }
+    }
+    assert!(missing.is_empty(), "not in docs/DESIGN.md: {missing:#?}");
+}
+
+/// Every `§N.N` the code and the docs cite has its row in DESIGN's "Reference
+/// sections" table, so a reader without the reference chapter knows what it says.
+#[test]
+fn every_cited_section_has_a_row_in_design() {
+    let design = std::fs::read_to_string(root().join("docs/DESIGN.md")).unwrap();
+    let table = design
+        .split("## Reference sections")
+        .nth(1)
+        .expect("docs/DESIGN.md has a \"Reference sections\" table");
+    let rows: BTreeSet<String> = table
+        .lines()
+        .filter_map(|l| l.strip_prefix("| §"))
+        .filter_map(|l| l.split(' ').next())
+        .map(str::to_owned)
+        .collect();
+    let mut cited = BTreeMap::<String, String>::new();
+    for file in prose_and_code() {
+        let Ok(text) = std::fs::read_to_string(&file) else {
+            continue;
+        };
+        let rel = file
+            .strip_prefix(root())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        for (at, _) in text.match_indices('§') {
+            // Another document's section (e.g. "RFC 7518 §3.2") is not the chapter's.
+            let before = &text[text[..at]
+                .char_indices()
+                .rev()
+                .nth(12)
+                .map_or(0, |(i, _)| i)..at];
+            if before.contains("RFC") {
+                continue;
+            }
+            let section: String = text[at + '§'.len_utf8()..]
+                .chars()
+                .take_while(|c| c.is_ascii_digit() || *c == '.')
+                .collect();
+            let section = section.trim_end_matches('.').to_owned();
+            if !section.is_empty() {
+                cited.entry(section).or_insert(rel.clone());
+            }
+        }
+    }
+    assert!(cited.len() > 10, "found {} cited sections", cited.len());
+    let missing: Vec<_> = cited
+        .iter()
+        .filter(|(s, _)| !rows.contains(*s))
+        .map(|(s, f)| format!("§{s} (e.g. {f})"))
+        .collect();
+    assert!(missing.is_empty(), "cited without a row: {missing:#?}");
+}
+
+/// Every function of `code` (test module excluded) with its length in lines, from
+/// its `fn` line to its closing brace.
+fn function_lengths(code: &str) -> Vec<(String, usize)> {
+    let lines: Vec<&str> = code.lines().collect();
+    let mut out = Vec::new();
+    for (start, line) in lines.iter().enumerate() {
+        let trimmed = line.trim_start();
+        let Some(at) = trimmed.find("fn ") else {
+            continue;
+        };
+        let head = &trimmed[..at];
+        let is_fn = head
+            .split_whitespace()
+            .all(|w| ["pub", "async", "const", "unsafe"].contains(&w) || w.starts_with("pub("));
+        if !is_fn {
+            continue;
+        }
+        let name: String = trimmed[at + 3..]
+            .chars()
+            .take_while(|c| c.is_alphanumeric() || *c == '_')
+            .collect();
+        // The body: from the first `{` after the signature to the brace that closes
+        // it (a signature ending in `;` has none).
+        let (mut depth, mut opened) = (0i32, false);
+        for (i, l) in lines.iter().enumerate().skip(start) {
+            for c in l.chars() {
+                match c {
+                    '{' => {
+                        depth += 1;
+                        opened = true;
+                    }
+                    '}' => depth -= 1,
+                    ';' if !opened && depth == 0 => break,
+                    _ => {}
+                }
+            }
+            if !opened && l.trim_end().ends_with(';') {
+                break;
+            }
+            if opened && depth <= 0 {
+                out.push((name.clone(), i - start + 1));
+                break;
+            }
+        }
+    }
+    out
+}
+
+/// A newcomer reads a function whole: none over 120 lines, and no file over 700.
+#[test]
+fn no_function_over_120_lines_and_no_file_over_700() {
+    let mut files = Vec::new();
+    rust_files(&root().join("src"), &mut files);
+    let (mut long, mut over_60, mut big) = (Vec::new(), 0, Vec::new());
+    let mut seen = 0;
+    for file in &files {
+        let rel = file
+            .strip_prefix(root())
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        let text = std::fs::read_to_string(file).unwrap();
+        if text.lines().count() > 700 {
+            big.push(format!("{rel}: {} lines", text.lines().count()));
+        }
+        for (name, len) in function_lengths(&code_of(&text)) {
+            seen += 1;
+            over_60 += usize::from(len > 60);
+            if len > 120 {
+                long.push(format!("{rel}: {name} ({len} lines)"));
+            }
+        }
+    }
+    assert!(seen > 500, "the scan found only {seen} functions");
+    println!("{seen} functions, {over_60} over 60 lines");
+    assert!(long.is_empty(), "functions over 120 lines: {long:#?}");
+    assert!(big.is_empty(), "files over 700 lines: {big:#?}");
+}
