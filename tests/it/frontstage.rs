@@ -1646,12 +1646,18 @@ async fn stall_after(addr: &str, head: String, patience: Duration) -> Option<(St
 #[actix_rt::test]
 async fn slow_heads_and_bodies_are_cut_off_at_their_deadlines() {
     let env = TestEnv::with(|f| {
-        f.merge(Serialized::default("frontstage.limits.header_read_ms", 500))
-            .merge(Serialized::default("frontstage.limits.body_read_ms", 500))
-            .merge(Serialized::default(
-                "frontstage.rate_limit.per_address_per_s",
-                0,
-            ))
+        f.merge(figment::providers::Serialized::default(
+            "frontstage.limits.header_read_ms",
+            500,
+        ))
+        .merge(figment::providers::Serialized::default(
+            "frontstage.limits.body_read_ms",
+            500,
+        ))
+        .merge(figment::providers::Serialized::default(
+            "frontstage.rate_limit.per_address_per_s",
+            0,
+        ))
     })
     .await;
     let mut db = env.db().await;
