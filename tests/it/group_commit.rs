@@ -481,7 +481,7 @@ async fn a_speculative_transaction_dropped_half_way_leaves_no_open_transaction()
 
 /// The speculative transaction sends its COMMIT only after every other request of
 /// the transaction was queued on the connection, and takes a request as queued when
-/// its first poll left it pending (src/store/orders/set_based.rs, `sent`). That is
+/// its first poll left it pending (src/store/orders/whole.rs, `sent`). That is
 /// tokio-postgres' behaviour, pinned here: a request that cannot be encoded is
 /// answered in its first poll, a valid one is not.
 #[tokio::test]

@@ -1,6 +1,6 @@
 //! The metrics that answer "is the sale healthy?" (seed §12.2), read from a `serve`
-//! process's /metrics: its sampled gauges are process-wide, so the test needs a
-//! process of its own.
+//! process's /metrics, as a scraper reads them (the sampled gauges live in the
+//! engine's `status::Live`; a process of its own keeps the scrape whole).
 
 use std::time::Duration;
 
