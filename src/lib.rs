@@ -19,7 +19,8 @@
 //!   sweeper, compensation worker, reconciler, retention, gauges, readiness).
 //! - [`drift`]: Redis against PostgreSQL, per bucket.
 //! - [`store`]: all SQL (the order transaction in `store::orders`; a commit with an
-//!   unknown outcome is classified in `store::tx`); [`mq`]: AMQP; [`redis`]: every
+//!   unknown outcome is classified in `store::tx`, and sent back for redelivery by
+//!   `actors::intake`); [`mq`]: AMQP; [`redis`]: every
 //!   Redis command (the reserve script, which decides a reservation's bucket, in
 //!   `redis::scripts`).
 //! - [`status`]: the live state the parts share; [`telemetry`]: logs and metrics.
