@@ -47,7 +47,11 @@ fn module_of(file: &Path) -> Vec<String> {
 
 /// The code of a file without comments, string contents and its test module.
 fn code_of(text: &str) -> String {
-    let text = match text.find("#[cfg(test)]\nmod tests") {
+    let tests = [
+        "#[cfg(test)]\nmod tests",
+        "#[cfg(test)]\npub(crate) mod tests",
+    ];
+    let text = match tests.iter().filter_map(|t| text.find(t)).min() {
         Some(at) => &text[..at],
         None => text,
     };

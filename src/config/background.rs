@@ -82,8 +82,6 @@ pub struct ShutdownSettings {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::result_large_err)] // Jail's closures return figment's error.
-    use crate::config::Settings;
-    use figment::Jail;
 
     #[test]
     fn a_value_out_of_bounds_names_its_key_and_source() {
@@ -111,13 +109,7 @@ mod tests {
                 "shutdown.grace_ms",
             ),
         ] {
-            Jail::expect_with(|jail| {
-                jail.set_env(var, value);
-                let err = Settings::load(None).expect_err(var).to_string();
-                assert!(err.contains(&format!("`{key}`")), "{err}");
-                assert!(err.contains(var), "{err}");
-                Ok(())
-            });
+            crate::config::check::tests::refusal(var, value, key);
         }
     }
 }

@@ -269,7 +269,26 @@ impl<S> Bound<S> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
+    #![allow(clippy::result_large_err)] // Jail's closures return figment's error.
+
+    /// What `Settings::load` says with `var=value` in the environment (tests): it must
+    /// refuse, naming `key` and the variable it came from. The text is returned for what
+    /// a test checks besides.
+    pub(crate) fn refusal(var: &str, value: &str, key: &str) -> String {
+        let mut said = String::new();
+        figment::Jail::expect_with(|jail| {
+            jail.set_env(var, value);
+            said = crate::config::Settings::load(None)
+                .expect_err(var)
+                .to_string();
+            Ok(())
+        });
+        assert!(said.contains(&format!("`{key}`")), "{said}");
+        assert!(said.contains(var), "{said}");
+        said
+    }
+
     use super::*;
 
     struct Pair {

@@ -53,13 +53,7 @@ mod tests {
             ),
             ("SECKILL__ENGINE__NODE_ID", "1024", "engine.node_id"),
         ] {
-            Jail::expect_with(|jail| {
-                jail.set_env(var, value);
-                let err = Settings::load(None).expect_err(var).to_string();
-                assert!(err.contains(&format!("`{key}`")), "{err}");
-                assert!(err.contains(var), "{err}");
-                Ok(())
-            });
+            crate::config::check::tests::refusal(var, value, key);
         }
     }
 }

@@ -48,8 +48,6 @@ impl TelemetrySettings {
 #[cfg(test)]
 mod tests {
     #![allow(clippy::result_large_err)] // Jail's closures return figment's error.
-    use crate::config::Settings;
-    use figment::Jail;
 
     #[test]
     fn a_bad_value_names_its_key_and_source() {
@@ -67,13 +65,7 @@ mod tests {
                 "telemetry.sample_interval_ms",
             ),
         ] {
-            Jail::expect_with(|jail| {
-                jail.set_env(var, value);
-                let err = Settings::load(None).expect_err(var).to_string();
-                assert!(err.contains(&format!("`{key}`")), "{err}");
-                assert!(err.contains(var), "{err}");
-                Ok(())
-            });
+            crate::config::check::tests::refusal(var, value, key);
         }
     }
 }
