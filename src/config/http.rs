@@ -39,6 +39,9 @@ pub struct AdminSettings {
     /// private network).
     #[serde(default)]
     pub metrics_token: Option<SecretString>,
+    /// Host names the admin listener answers to besides IP addresses and
+    /// `localhost` (a DNS-rebinding page's requests carry its own name).
+    pub allowed_hosts: Vec<String>,
 }
 
 /// The shortest admin token: short tokens can be guessed, and the operator API can

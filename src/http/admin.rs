@@ -41,6 +41,7 @@ pub async fn start(
         inbox_window: settings.retention.inbox_window(),
         refusals: Default::default(),
     });
+    let hosts = web::Data::new(AllowedHosts(settings.admin.allowed_hosts.clone()));
     let state = web::Data::new(Admin {
         pool,
         intakes,
@@ -52,8 +53,10 @@ pub async fn start(
     let deadlines = super::Deadlines::new(&settings.frontstage.limits);
     let server = HttpServer::new(move || {
         App::new()
+            .wrap(actix_web::middleware::from_fn(known_host))
             .wrap(security_headers())
             .app_data(state.clone())
+            .app_data(hosts.clone())
             .app_data(operations.clone())
             .app_data(web::JsonConfig::default().limit(4096))
             .route("/livez", web::get().to(livez))
@@ -77,6 +80,49 @@ pub async fn start(
         server: server.run(),
         addr,
     })
+}
+
+/// `admin.allowed_hosts`.
+struct AllowedHosts(Vec<String>);
+
+/// Whether a request's `Host` is one the admin listener answers to: an IP address,
+/// `localhost`, or a configured name. A DNS-rebinding page (its name re-pointed at
+/// this address) makes the browser send its own name, and is refused, so it cannot
+/// read `/status` or drive the operator API from an operator's browser.
+fn host_allowed(host: &str, allowed: &[String]) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(v6) => {
+            return v6
+                .split(']')
+                .next()
+                .is_some_and(|ip| ip.parse::<std::net::Ipv6Addr>().is_ok())
+        }
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.parse::<std::net::IpAddr>().is_ok()
+        || name.eq_ignore_ascii_case("localhost")
+        || allowed.iter().any(|a| a.eq_ignore_ascii_case(name))
+}
+
+/// Refuses, 421, a request whose `Host` is not one the listener answers to.
+async fn known_host(
+    req: actix_web::dev::ServiceRequest,
+    next: actix_web::middleware::Next<impl actix_web::body::MessageBody + 'static>,
+) -> Result<actix_web::dev::ServiceResponse<impl actix_web::body::MessageBody>, actix_web::Error> {
+    let host = req
+        .headers()
+        .get(actix_web::http::header::HOST)
+        .and_then(|h| h.to_str().ok())
+        .unwrap_or("");
+    let allowed = req
+        .app_data::<web::Data<AllowedHosts>>()
+        .is_some_and(|a| host_allowed(host, &a.0));
+    if !allowed {
+        let refused = HttpResponse::MisdirectedRequest()
+            .json(json!({"error": "unknown Host; list it in admin.allowed_hosts"}));
+        return Ok(req.into_response(refused).map_into_right_body());
+    }
+    next.call(req).await.map(|res| res.map_into_left_body())
 }
 
 /// Headers on every admin answer: never framed (clickjacking the pause button), no
@@ -324,5 +370,34 @@ async fn collect_status(admin: &Admin) -> super::live_page::Status {
             .collect(),
         sales,
         errors,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::host_allowed;
+
+    #[test]
+    fn only_addresses_localhost_and_listed_names_are_answered() {
+        let listed = vec!["seckill-admin.internal".to_owned()];
+        for host in [
+            "127.0.0.1:9090",
+            "10.0.0.7:9090",
+            "[::1]:9090",
+            "localhost:9090",
+            "LOCALHOST",
+            "seckill-admin.internal:9090",
+        ] {
+            assert!(host_allowed(host, &listed), "{host}");
+        }
+        for host in [
+            "attacker.example:9090",
+            "attacker.example",
+            "",
+            "[evil]:1",
+            "127.0.0.1.nip.io:9090",
+        ] {
+            assert!(!host_allowed(host, &listed), "{host}");
+        }
     }
 }

@@ -596,6 +596,15 @@ async fn admin_answers_are_never_framed_and_the_live_page_runs_only_its_own_scri
         }
     }
     assert_ne!(nonces[0], nonces[1], "a fresh nonce per answer");
+    // A rebinding page's requests carry its own name: refused.
+    let rebound = api
+        .client
+        .get(format!("{}/status", api.base))
+        .insert_header(("host", "attacker.example:9090"))
+        .send()
+        .await
+        .expect("admin request");
+    assert_eq!(rebound.status(), StatusCode::MISDIRECTED_REQUEST);
     handle.stop(true).await;
     engine.stop().await;
     env.cleanup().await;
