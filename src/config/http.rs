@@ -81,4 +81,18 @@ mod tests {
             assert!(!err.contains("hunter2"), "{err}");
         }
     }
+
+    /// The admin listener's extra host names, as deploy/README.md sets them.
+    #[test]
+    fn allowed_hosts_are_read_from_the_environment() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env(
+                "SECKILL__ADMIN__ALLOWED_HOSTS",
+                r#"["host.docker.internal"]"#,
+            );
+            let settings = crate::config::Settings::load(None).expect("valid settings");
+            assert_eq!(settings.admin.allowed_hosts, ["host.docker.internal"]);
+            Ok(())
+        });
+    }
 }
