@@ -6,6 +6,8 @@
 //! `System`; the pool and the AMQP connection are created on the calling (System)
 //! arbiter, which lives as long as the engine. The listeners beside it are started by
 //! `startup`.
+
+use secrecy::ExposeSecret;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +22,7 @@ use crate::config::Settings;
 use crate::domain::ids::IdGenerator;
 use crate::domain::shard::SHARD_FUNCTION_VERSION;
 use crate::mq::settlement::IntakeRoutes;
-use crate::mq::topology::{declare_topology, Names};
+use crate::mq::topology::{declare_topology, Names, Route};
 use crate::mq::{self, MqError};
 use crate::services::compensation_worker::{CompensationConfig, CompensationWorker};
 use crate::services::gauges::GaugeSampler;
@@ -379,12 +381,18 @@ fn with_intakes(
     // The intakes in turn over the lanes: shard s on lane s mod lanes, which is
     // where its buckets are whenever the lanes divide the shards.
     let owned = settings.owned_shards();
+    let signing_secret: Option<Arc<[u8]>> = settings
+        .amqp
+        .order_signing_secret
+        .as_ref()
+        .map(|s| Arc::from(s.expose_secret().as_bytes()));
     for shard in owned.iter().copied() {
         let queue: Arc<str> = names.order_queue(shard).into();
         let work = OrderWork {
             lanes: router.clone(),
             topic: queue.clone(),
             live: intake.readiness.live().clone(),
+            signing_secret: signing_secret.clone(),
         };
         supervisor = supervisor.child(
             format!("intake:{queue}"),
@@ -392,8 +400,8 @@ fn with_intakes(
                 lanes.arbiter(usize::from(shard)),
                 queue,
                 Some(shard),
-                names.order_retry_queue(shard),
-                names.order_dead_queue(),
+                names.retry_route(&names.order_retry_queue(shard)),
+                names.order_dead_route(),
                 work,
             ),
         );
@@ -410,8 +418,8 @@ fn with_intakes(
             lanes.arbiter(owned.len()),
             payment_queue,
             None,
-            names.payment_retry_queue(),
-            names.payment_dead_queue(),
+            names.retry_route(&names.payment_retry_queue()),
+            names.payment_dead_route(),
             work,
         ),
     )
@@ -462,8 +470,8 @@ impl IntakeStarter<'_> {
         arbiter: Option<ArbiterHandle>,
         queue: Arc<str>,
         shard: Option<u16>,
-        retry_queue: String,
-        dead_queue: String,
+        retry: Route,
+        dead: Route,
         work: W,
     ) -> ChildFactory {
         let config = IntakeConfig {
@@ -473,8 +481,8 @@ impl IntakeStarter<'_> {
             prefetch: self.settings.prefetch(),
             routes: IntakeRoutes {
                 queue,
-                retry_queue,
-                dead_queue,
+                retry,
+                dead,
                 max_retries: self.settings.amqp.max_retries,
                 retry_delay: Duration::from_millis(self.settings.amqp.retry_delay_ms),
             },

@@ -555,7 +555,7 @@ fn one_tls_stack_and_one_crypto_provider() {
         .unwrap();
     assert!(
         out.status.success(),
-        "{}",
+        "{}(every target's crates must be in the local registry: `cargo fetch --locked`, which scripts/test runs first)",
         String::from_utf8_lossy(&out.stderr)
     );
     let tree = String::from_utf8(out.stdout).unwrap();

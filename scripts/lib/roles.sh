@@ -8,8 +8,9 @@
 #               by seckill_owner when missing
 #   RabbitMQ    seckill-engine     configure/write/read on the namespace's names
 #               seckill-frontstage write on <ns>.orders only
-#               seckill-payments   write on the default exchange only (payment
-#                                  callbacks are published to it, by queue name)
+#               seckill-payments   write on <ns>.payments only
+#               none of them may write on the default exchange, which routes to
+#               any queue by name; order messages are signed (amqp.order_signing_secret)
 #   Redis       ACL user seckill-engine: the commands the engine sends, on keys
 #               under the prefix
 # The caller defines SVC_DIR, ROOT and the loaded configuration (HOST, PORT,
@@ -52,6 +53,10 @@ roles_up() {
         "$(openssl rand -hex 16)" "$(openssl rand -hex 16)" "$(openssl rand -hex 16)" >"$ROLES_DIR/secrets"
     )
   fi
+  # Added after the first release: a secrets file written before it gains the key.
+  if ! grep -q '^ORDER_SIGNING=' "$ROLES_DIR/secrets"; then
+    printf 'ORDER_SIGNING=%s\n' "$(openssl rand -hex 32)" >>"$ROLES_DIR/secrets"
+  fi
   # shellcheck disable=SC1091
   . "$ROLES_DIR/secrets"
   pw_engine=$PW_ENGINE pw_front=$PW_FRONT pw_pay=$PW_PAY pw_redis=$PW_REDIS
@@ -83,9 +88,9 @@ roles_up() {
       roles_rabbitmqctl -q set_permissions -p "$AMQP_VHOST" "$user" "$conf" "$write" "$read" </dev/null >/dev/null ||
         die "rabbitmqctl: cannot set the permissions of $user"
     done <<EOF
-$ROLES_USER-engine $pw_engine ^$re\\. ^($re\\..*|amq\\.default)\$ ^$re\\.
+$ROLES_USER-engine $pw_engine ^$re\\. ^$re\\. ^$re\\.
 $ROLES_USER-frontstage $pw_front ^\$ ^$re\\.orders\$ ^\$
-$ROLES_USER-payments $pw_pay ^\$ ^amq\\.default\$ ^\$
+$ROLES_USER-payments $pw_pay ^\$ ^$re\\.payments\$ ^\$
 EOF
     roles_say rabbitmq "users $ROLES_USER-engine, $ROLES_USER-frontstage, $ROLES_USER-payments on vhost $AMQP_VHOST"
   else
@@ -113,6 +118,7 @@ owner_url = "postgres://seckill_owner@$pg/$db?sslmode=disable"
 
 [amqp]
 url = "amqp://$ROLES_USER-engine:$pw_engine@$amqp/$vhost"
+order_signing_secret = "$ORDER_SIGNING"
 
 [frontstage]
 amqp_url = "amqp://$ROLES_USER-frontstage:$pw_front@$amqp/$vhost"

@@ -26,6 +26,7 @@ use crate::config::AmqpSettings;
 use crate::domain::message::{OrderCreateMessage, PoisonReason};
 use crate::domain::outcome::{disposition, Disposition, ErrorClass};
 use crate::domain::payment::PaymentCallback;
+use crate::domain::signature::{self, SIGNATURE_HEADER};
 use crate::mq::acks::Acks;
 use crate::mq::publisher::ConfirmedPublisher;
 use crate::mq::settlement::{ack, dead_letter, retry, Budget, IntakeRoutes, Outlet};
@@ -40,8 +41,9 @@ pub trait IntakeWork: Clone + Unpin + Send + 'static {
     type Msg: 'static;
     /// Metric label of the queue kind ("order_create", "payment_callback").
     const KIND: &'static str;
-    /// Decodes and validates a body; an error makes the message poison.
-    fn decode(&self, body: &[u8]) -> Result<Self::Msg, PoisonReason>;
+    /// Decodes and validates a delivery (its body, and its headers where the queue's
+    /// contract has some); an error makes the message poison.
+    fn decode(&self, body: &[u8], properties: &BasicProperties) -> Result<Self::Msg, PoisonReason>;
     /// Brings the message to a committed outcome (returned as its metric label) or a
     /// classified error.
     fn process(&self, msg: Self::Msg) -> LocalBoxFuture<'static, Result<&'static str, ErrorClass>>;
@@ -56,13 +58,23 @@ pub struct OrderWork {
     pub topic: Arc<str>,
     /// The engine's live figures: whose orders are logged at INFO.
     pub live: Arc<Live>,
+    /// `amqp.order_signing_secret`: when set, only signed messages are orders.
+    pub signing_secret: Option<Arc<[u8]>>,
 }
 
 impl IntakeWork for OrderWork {
     type Msg = OrderCreateMessage;
     const KIND: &'static str = "order_create";
 
-    fn decode(&self, body: &[u8]) -> Result<OrderCreateMessage, PoisonReason> {
+    fn decode(
+        &self,
+        body: &[u8],
+        properties: &BasicProperties,
+    ) -> Result<OrderCreateMessage, PoisonReason> {
+        if let Some(secret) = &self.signing_secret {
+            let header = mq::text_header(properties, SIGNATURE_HEADER);
+            signature::check(secret, body, header.as_deref())?;
+        }
         OrderCreateMessage::decode(body)
     }
 
@@ -107,7 +119,7 @@ impl IntakeWork for PaymentWork {
     type Msg = PaymentCallback;
     const KIND: &'static str = "payment_callback";
 
-    fn decode(&self, body: &[u8]) -> Result<PaymentCallback, PoisonReason> {
+    fn decode(&self, body: &[u8], _: &BasicProperties) -> Result<PaymentCallback, PoisonReason> {
         PaymentCallback::decode(body)
     }
 
@@ -480,7 +492,7 @@ impl<W: IntakeWork> StreamHandler<Result<Delivery, lapin::Error>> for Intake<W> 
             .increment(1);
         observe_age(W::KIND, &delivery.properties);
         let in_flight = self.stats.enter();
-        let msg = match self.work.decode(&delivery.data) {
+        let msg = match self.work.decode(&delivery.data, &delivery.properties) {
             Ok(msg) => msg,
             Err(reason) => {
                 metrics::counter!(crate::telemetry::names::INTAKE_DECODE_ERRORS_TOTAL, "kind" => reason.kind)

@@ -29,7 +29,16 @@ pub struct AmqpSettings {
     /// CA (added to the system's roots) and client certificate of `amqps://` URLs.
     #[serde(default)]
     pub tls: TlsFiles,
+    /// When set, the front stage signs each `order.create` and the engine
+    /// dead-letters one whose signature is missing or wrong
+    /// (`domain::signature`, docs/DESIGN.md "Signed orders").
+    #[serde(default)]
+    pub order_signing_secret: Option<SecretString>,
 }
+
+/// The shortest `amqp.order_signing_secret`: an HMAC-SHA256 key should hold at
+/// least its output's 256 bits.
+pub const MIN_SIGNING_SECRET_BYTES: usize = 32;
 
 impl AmqpSettings {
     /// `frontstage_url`: `frontstage.amqp_url`, which uses this section's TLS files.
@@ -60,6 +69,12 @@ impl AmqpSettings {
             return Err(ctx.invalid("amqp.tls", "is set but no AMQP URL is amqps://"));
         }
         self.tls.check("amqp").map_err(|e| ctx.tls(e))?;
+        ctx.secret_len(
+            "amqp.order_signing_secret",
+            self.order_signing_secret.as_ref(),
+            MIN_SIGNING_SECRET_BYTES,
+            "bytes",
+        )?;
         ctx.name("amqp.namespace", &self.namespace)?;
         if let Some(shard) = self.owned_shards.iter().find(|s| **s >= self.shards) {
             return Err(ctx.invalid(

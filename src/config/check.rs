@@ -36,6 +36,7 @@ pub const SECRET_KEYS: &[&str] = &[
     "database.replica_url",
     "database.owner_url",
     "amqp.url",
+    "amqp.order_signing_secret",
     "redis.url",
     "admin.token",
     "admin.metrics_token",

@@ -4,9 +4,11 @@
 pub mod backoff;
 pub mod ids;
 pub mod lsn;
+pub(crate) mod mac;
 pub mod message;
 pub mod outcome;
 pub mod payment;
 pub mod purchase_token;
 pub mod shard;
+pub mod signature;
 pub mod status;

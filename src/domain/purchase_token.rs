@@ -6,8 +6,7 @@
 //! one builder and parser of its format:
 //! `v1.{user_id}.{activity_id}.{sku_id}.{expires_at_ms}.{hmac hex}`.
 
-use hmac::{Hmac, Mac};
-use sha2::Sha256;
+use super::mac::{mac, tag_hex, verify_hex};
 
 /// What a token grants.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -34,14 +33,6 @@ pub enum InvalidToken {
 
 const VERSION: &str = "v1";
 
-fn mac(secret: &[u8], payload: &str) -> Hmac<Sha256> {
-    // HMAC takes a key of any length.
-    let mut mac = <Hmac<Sha256> as Mac>::new_from_slice(secret)
-        .unwrap_or_else(|_| unreachable!("HMAC accepts keys of any length"));
-    mac.update(payload.as_bytes());
-    mac
-}
-
 fn payload(c: &PurchaseClaims) -> String {
     format!(
         "{VERSION}.{}.{}.{}.{}",
@@ -52,8 +43,7 @@ fn payload(c: &PurchaseClaims) -> String {
 /// The token for `claims`.
 pub fn issue(secret: &[u8], claims: &PurchaseClaims) -> String {
     let payload = payload(claims);
-    let tag = mac(secret, &payload).finalize().into_bytes();
-    let hex: String = tag.iter().map(|b| format!("{b:02x}")).collect();
+    let hex = tag_hex(mac(secret, &[payload.as_bytes()]));
     format!("{payload}.{hex}")
 }
 
@@ -65,10 +55,12 @@ pub fn verify(
     now_ms: i64,
 ) -> Result<PurchaseClaims, InvalidToken> {
     let (payload, hex) = token.rsplit_once('.').ok_or(InvalidToken::Malformed)?;
-    let tag = decode_hex(hex).ok_or(InvalidToken::Malformed)?;
-    mac(secret, payload)
-        .verify_slice(&tag)
-        .map_err(|_| InvalidToken::Signature)?;
+    if !is_canonical_hex(hex) {
+        return Err(InvalidToken::Malformed);
+    }
+    if !verify_hex(mac(secret, &[payload.as_bytes()]), hex) {
+        return Err(InvalidToken::Signature);
+    }
     let mut parts = payload.split('.');
     if parts.next() != Some(VERSION) {
         return Err(InvalidToken::Malformed);
@@ -95,16 +87,10 @@ pub fn verify(
 }
 
 /// The tag as `issue` writes it: 64 lowercase hex digits, nothing else. Anything
-/// else (`+3` for `03`, upper case) is refused: a token has one encoding, so a
-/// token seen once cannot be presented again as a different string.
-fn decode_hex(hex: &str) -> Option<Vec<u8>> {
-    if hex.len() != 64 || !hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) {
-        return None;
-    }
-    (0..hex.len())
-        .step_by(2)
-        .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).ok())
-        .collect()
+/// else (`+3` for `03`, upper case) is malformed, not a wrong signature: a token has
+/// one encoding, so a token seen once cannot be presented again as another string.
+fn is_canonical_hex(hex: &str) -> bool {
+    hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
 }
 
 #[cfg(test)]

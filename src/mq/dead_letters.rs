@@ -26,7 +26,7 @@ use lapin::{BasicProperties, Channel, Connection};
 use serde::Serialize;
 
 use super::publisher::ConfirmedPublisher;
-use super::topology::Names;
+use super::topology::{Names, Route};
 use super::{
     int_header, text_header, unix_millis, MqError, DEAD_AT_HEADER, DEAD_KIND_HEADER,
     DEAD_REASON_HEADER, PUBLISHED_AT_HEADER, RETRIES_HEADER,
@@ -152,7 +152,7 @@ pub async fn replay(
                 report.left += 1;
                 continue;
             }
-            let origin = match session.origin(&queue, &delivery.data) {
+            let (origin, route) = match session.origin(&queue, &delivery.data) {
                 Ok(origin) => origin,
                 Err(reason) => {
                     report.without_origin += 1;
@@ -167,8 +167,8 @@ pub async fn replay(
             }
             publisher
                 .publish(
-                    "",
-                    &origin,
+                    &route.exchange,
+                    &route.routing_key,
                     &delivery.data,
                     replay_properties(&delivery.properties),
                 )
@@ -217,9 +217,9 @@ impl Session {
     /// The queue a message of `dead_queue` came from, as the project routes it: the
     /// payment queue, or the shard queue of the order's bucket. An error says why
     /// there is none.
-    fn origin(&self, dead_queue: &str, body: &[u8]) -> Result<String, String> {
+    fn origin(&self, dead_queue: &str, body: &[u8]) -> Result<(String, Route), String> {
         if dead_queue == self.names.payment_dead_queue() {
-            return Ok(self.names.payment_queue());
+            return Ok((self.names.payment_queue(), self.names.payment_route()));
         }
         let msg = OrderCreateMessage::decode(body).map_err(|poison| {
             format!(
@@ -233,7 +233,7 @@ impl Session {
             msg.inventory_bucket,
             self.shards,
         );
-        Ok(self.names.order_queue(shard))
+        Ok((self.names.order_queue(shard), self.names.order_route(shard)))
     }
 
     fn describe(&self, dead_queue: &str, delivery: &lapin::message::Delivery) -> DeadLetter {
@@ -243,7 +243,10 @@ impl Session {
             message_id: props.message_id().as_ref().map(|id| id.to_string()),
             kind: text_header(props, DEAD_KIND_HEADER),
             reason: text_header(props, DEAD_REASON_HEADER),
-            origin_queue: self.origin(dead_queue, &delivery.data).ok(),
+            origin_queue: self
+                .origin(dead_queue, &delivery.data)
+                .ok()
+                .map(|(queue, _)| queue),
             dead_at_ms: int_header(props, DEAD_AT_HEADER),
             first_published_ms: first_published_ms(props),
             retries: int_header(props, RETRIES_HEADER).unwrap_or(0),

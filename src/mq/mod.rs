@@ -216,6 +216,40 @@ pub fn unix_millis() -> i64 {
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
+/// Properties of an `order.create` message, signed when `signing_secret`
+/// (`amqp.order_signing_secret`) is set: what every producer of the project sends.
+pub fn order_properties(
+    message_id: &str,
+    body: &[u8],
+    signing_secret: Option<&secrecy::SecretString>,
+) -> lapin::BasicProperties {
+    use secrecy::ExposeSecret;
+    let properties = message_properties(message_id);
+    match signing_secret {
+        Some(secret) => with_text_header(
+            properties,
+            crate::domain::signature::SIGNATURE_HEADER,
+            &crate::domain::signature::sign(secret.expose_secret().as_bytes(), body),
+        ),
+        None => properties,
+    }
+}
+
+/// `properties` with one more text header.
+fn with_text_header(
+    properties: lapin::BasicProperties,
+    name: &str,
+    value: &str,
+) -> lapin::BasicProperties {
+    use lapin::types::{AMQPValue, LongString};
+    let mut headers = properties.headers().clone().unwrap_or_default();
+    headers.insert(
+        name.into(),
+        AMQPValue::LongString(LongString::from(value.as_bytes().to_vec())),
+    );
+    properties.with_headers(headers)
+}
+
 /// Properties of a JSON work message: its id (consumers dedup by it) and when it
 /// was published.
 pub fn message_properties(message_id: &str) -> lapin::BasicProperties {

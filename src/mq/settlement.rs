@@ -13,6 +13,7 @@ use std::sync::Arc;
 use crate::domain::message::PoisonReason;
 use crate::mq::acks::Acks;
 use crate::mq::publisher::ConfirmedPublisher;
+use crate::mq::topology::Route;
 use crate::mq::{
     self, DEAD_AT_HEADER, DEAD_KIND_HEADER, DEAD_QUEUE_HEADER, DEAD_REASON_HEADER, RETRIES_HEADER,
 };
@@ -23,8 +24,10 @@ use crate::status::InFlight;
 pub struct IntakeRoutes {
     /// The consumed queue.
     pub queue: Arc<str>,
-    pub retry_queue: String,
-    pub dead_queue: String,
+    /// The shard's (or the callback queue's) retry queue, through `{ns}.retry`.
+    pub retry: Route,
+    /// The dead-letter queue, through `{ns}.dead`.
+    pub dead: Route,
     pub max_retries: u32,
     /// How long a message waits before it is tried again.
     pub retry_delay: std::time::Duration,
@@ -101,7 +104,12 @@ pub(crate) async fn retry(
     );
     match outlet
         .publisher
-        .publish("", &routes.retry_queue, &delivery.data, props)
+        .publish(
+            &routes.retry.exchange,
+            &routes.retry.routing_key,
+            &delivery.data,
+            props,
+        )
         .await
     {
         Ok(()) => ack(outlet, &delivery, in_flight),
@@ -170,7 +178,12 @@ pub(crate) async fn dead_letter(
     );
     match outlet
         .publisher
-        .publish("", &routes.dead_queue, &delivery.data, props)
+        .publish(
+            &routes.dead.exchange,
+            &routes.dead.routing_key,
+            &delivery.data,
+            props,
+        )
         .await
     {
         Ok(()) => ack(outlet, &delivery, in_flight),

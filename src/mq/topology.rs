@@ -6,18 +6,35 @@
 //! {ns}.order.create.{shard}.retry   quorum, TTL = amqp.retry_delay_ms, dead-letters back to the shard
 //! {ns}.dead (direct) --order.create--> {ns}.order.create.dead
 //! {ns}.events (topic)                 outbox events (order.created, ...)
-//! {ns}.payment.callback               quorum; publish to the default exchange
-//! {ns}.payment.callback.retry         quorum, TTL, dead-letters back to the callback queue
+//! {ns}.payments (direct) --payment.callback--> {ns}.payment.callback   quorum
+//! {ns}.payment.callback.delay         quorum, TTL, dead-letters back through {ns}.payments
 //! {ns}.dead --payment.callback--> {ns}.payment.callback.dead
+//! {ns}.retry (direct) --{queue}--> {queue}   each retry queue, by its own name
 //! ```
 //! Dead-lettering between quorum queues is at-least-once (RabbitMQ 3.10+), so a message
 //! moving from the retry queue back to its shard cannot be lost on a broker failure.
+//!
+//! Every publish names an exchange of the namespace, never the default exchange: the
+//! default exchange routes to any queue by its name, so a user allowed to write on it
+//! can put an order on a shard queue (docs/DESIGN.md, "Broker identities"). Declaring
+//! a queue whose dead-letter exchange is the default one needs write on it too, which
+//! is why the payment retry queue is `.delay` and dead-letters through
+//! `{ns}.payments`: the first releases' `{ns}.payment.callback.retry` dead-lettered
+//! through the default exchange, and a queue's arguments cannot change. Left on an
+//! upgraded broker, it drains into the callback queue by itself and can be deleted.
 
 use lapin::options::{ExchangeDeclareOptions, QueueBindOptions, QueueDeclareOptions};
 use lapin::types::{AMQPValue, FieldTable, LongString};
 use lapin::{Channel, ExchangeKind};
 
 use super::MqError;
+
+/// Where a publish goes: an exchange of the namespace and a routing key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Route {
+    pub exchange: String,
+    pub routing_key: String,
+}
 
 /// Every name the engine uses, derived from the namespace.
 #[derive(Debug, Clone)]
@@ -52,11 +69,55 @@ impl Names {
     pub fn events_exchange(&self) -> String {
         format!("{}.events", self.ns)
     }
+    /// The exchange payment providers publish callbacks to.
+    pub fn payments_exchange(&self) -> String {
+        format!("{}.payments", self.ns)
+    }
+    /// The exchange the engine sends a delayed retry through (each retry queue is
+    /// bound by its own name).
+    pub fn retry_exchange(&self) -> String {
+        format!("{}.retry", self.ns)
+    }
+    /// Where an order for `shard` is published.
+    pub fn order_route(&self, shard: u16) -> Route {
+        Route {
+            exchange: self.orders_exchange(),
+            routing_key: Self::order_routing_key(shard),
+        }
+    }
+    /// Where a payment callback is published.
+    pub fn payment_route(&self) -> Route {
+        Route {
+            exchange: self.payments_exchange(),
+            routing_key: PAYMENT_ROUTING_KEY.to_owned(),
+        }
+    }
+    /// Where a copy for `retry_queue` (one of the retry queues) is published.
+    pub fn retry_route(&self, retry_queue: &str) -> Route {
+        Route {
+            exchange: self.retry_exchange(),
+            routing_key: retry_queue.to_owned(),
+        }
+    }
+    /// Where a dead order message is published.
+    pub fn order_dead_route(&self) -> Route {
+        Route {
+            exchange: self.dead_exchange(),
+            routing_key: DEAD_ROUTING_KEY.to_owned(),
+        }
+    }
+    /// Where a dead payment callback is published.
+    pub fn payment_dead_route(&self) -> Route {
+        Route {
+            exchange: self.dead_exchange(),
+            routing_key: PAYMENT_DEAD_ROUTING_KEY.to_owned(),
+        }
+    }
     pub fn payment_queue(&self) -> String {
         format!("{}.payment.callback", self.ns)
     }
     pub fn payment_retry_queue(&self) -> String {
-        format!("{}.payment.callback.retry", self.ns)
+        format!("{}.payment.callback.delay", self.ns)
     }
     pub fn payment_dead_queue(&self) -> String {
         format!("{}.payment.callback.dead", self.ns)
@@ -80,12 +141,15 @@ impl Names {
             self.orders_exchange(),
             self.dead_exchange(),
             self.events_exchange(),
+            self.payments_exchange(),
+            self.retry_exchange(),
         ]
     }
 }
 
 const DEAD_ROUTING_KEY: &str = "order.create";
 const PAYMENT_DEAD_ROUTING_KEY: &str = "payment.callback";
+const PAYMENT_ROUTING_KEY: &str = "payment.callback";
 
 fn text(s: &str) -> AMQPValue {
     AMQPValue::LongString(LongString::from(s.as_bytes().to_vec()))
@@ -112,6 +176,24 @@ fn durable() -> QueueDeclareOptions {
     }
 }
 
+async fn bind(
+    channel: &Channel,
+    queue: &str,
+    exchange: &str,
+    routing_key: &str,
+) -> Result<(), MqError> {
+    channel
+        .queue_bind(
+            queue.into(),
+            exchange.into(),
+            routing_key.into(),
+            QueueBindOptions::default(),
+            FieldTable::default(),
+        )
+        .await?;
+    Ok(())
+}
+
 /// A quorum dead-letter queue bound to the dead-letter exchange with `routing_key`.
 async fn declare_dead_queue(
     channel: &Channel,
@@ -122,16 +204,7 @@ async fn declare_dead_queue(
     channel
         .queue_declare(queue.into(), durable(), quorum_args())
         .await?;
-    channel
-        .queue_bind(
-            queue.into(),
-            names.dead_exchange().as_str().into(),
-            routing_key.into(),
-            QueueBindOptions::default(),
-            FieldTable::default(),
-        )
-        .await?;
-    Ok(())
+    bind(channel, queue, &names.dead_exchange(), routing_key).await
 }
 
 /// A quorum retry queue whose messages dead-letter, after `ttl_ms`, to `exchange`
@@ -169,6 +242,8 @@ pub async fn declare_order_topology(
         (names.orders_exchange(), ExchangeKind::Direct),
         (names.dead_exchange(), ExchangeKind::Direct),
         (names.events_exchange(), ExchangeKind::Topic),
+        (names.payments_exchange(), ExchangeKind::Direct),
+        (names.retry_exchange(), ExchangeKind::Direct),
     ] {
         channel
             .exchange_declare(
@@ -194,24 +269,18 @@ pub async fn declare_order_topology(
         channel
             .queue_declare(queue.as_str().into(), durable(), args)
             .await?;
-        channel
-            .queue_bind(
-                queue.as_str().into(),
-                names.orders_exchange().as_str().into(),
-                routing_key.as_str().into(),
-                QueueBindOptions::default(),
-                FieldTable::default(),
-            )
-            .await?;
+        bind(channel, &queue, &names.orders_exchange(), &routing_key).await?;
 
+        let retry_queue = names.order_retry_queue(shard);
         declare_retry_queue(
             channel,
-            &names.order_retry_queue(shard),
+            &retry_queue,
             retry_delay_ms,
             &names.orders_exchange(),
             &routing_key,
         )
         .await?;
+        bind(channel, &retry_queue, &names.retry_exchange(), &retry_queue).await?;
     }
     Ok(())
 }
@@ -236,15 +305,18 @@ pub async fn declare_payment_topology(
     channel
         .queue_declare(queue.as_str().into(), durable(), args)
         .await?;
-    // Back through the default exchange, whose routing key is the queue name.
+    let route = names.payment_route();
+    bind(channel, &queue, &route.exchange, &route.routing_key).await?;
+    let retry_queue = names.payment_retry_queue();
     declare_retry_queue(
         channel,
-        &names.payment_retry_queue(),
+        &retry_queue,
         retry_delay_ms,
-        "",
-        &queue,
+        &route.exchange,
+        &route.routing_key,
     )
     .await?;
+    bind(channel, &retry_queue, &names.retry_exchange(), &retry_queue).await?;
     Ok(())
 }
 

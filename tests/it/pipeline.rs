@@ -294,7 +294,7 @@ async fn one_order_transaction_at_a_time_over_many_buckets_settles_every_order()
 }
 
 /// Reads every message in the dead-letter queue: (kind header, reason header, body).
-async fn drain_dead_letters(
+pub(crate) async fn drain_dead_letters(
     env: &TestEnv,
     channel: &lapin::Channel,
 ) -> Vec<(String, String, Vec<u8>)> {

@@ -244,3 +244,164 @@ async fn the_front_stage_and_the_engine_run_as_their_broker_and_redis_users() {
 
     crate::frontstage::front_stage_reports_every_state(env).await;
 }
+
+impl Identities {
+    /// A broker URL as `{users}-{kind}`, with the password `up --roles` generated.
+    fn amqp_url_as(&self, kind: &str, password_key: &str) -> String {
+        let secrets = std::fs::read_to_string(self.dir.join("roles/secrets")).unwrap();
+        let password = secrets
+            .lines()
+            .find_map(|l| l.strip_prefix(&format!("{password_key}=")))
+            .unwrap_or_else(|| panic!("{password_key} in the secrets file"));
+        format!("amqp://{}-{kind}:{password}@127.0.0.1:5672/%2f", self.users)
+    }
+}
+
+/// Publishes one message as whoever `settings` names, on a fresh channel (a refusal
+/// closes the channel), and returns the broker's error if it refused.
+async fn publish_as(
+    settings: &seckill_engine::config::AmqpSettings,
+    route: &seckill_engine::mq::topology::Route,
+    body: &[u8],
+    properties: lapin::BasicProperties,
+) -> Result<(), String> {
+    let conn = seckill_engine::mq::connect(settings, "seckill-test")
+        .await
+        .unwrap();
+    let publisher = seckill_engine::mq::publisher::ConfirmedPublisher::open(&conn)
+        .await
+        .unwrap();
+    let r = publisher
+        .publish(&route.exchange, &route.routing_key, body, properties)
+        .await
+        .map_err(|e| e.to_string());
+    let _ = conn.close(200, "done".into()).await;
+    r
+}
+
+/// Issue 49: a queue takes orders only from order producers. No identity of
+/// `up --roles` may write on the default exchange (which routes to every queue by
+/// name); the payments user reaches the payment queue only; and with the profile's
+/// signing secret an unsigned order is dead-lettered while a signed one is made.
+#[actix_rt::test]
+async fn no_identity_but_an_order_producer_can_put_an_order_on_a_shard_queue() {
+    use crate::common::builders;
+    use seckill_engine::mq::topology::Route;
+
+    let namespace = format!("r{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+    let identities = Identities::create(&namespace, &namespace).await;
+    let superuser = base_settings().database.url.expose_secret().to_owned();
+    let file = identities.settings_file();
+    let env = TestEnv::on_servers(
+        |f| {
+            f.merge(Serialized::default("database.url", superuser))
+                .merge(Serialized::default("amqp.namespace", &namespace))
+                .merge(Serialized::default("redis.key_prefix", &namespace))
+        },
+        |f| f.merge(figment::providers::Toml::file_exact(&file)),
+    )
+    .await;
+    let s = env.settings.clone();
+    assert!(
+        s.amqp.order_signing_secret.is_some(),
+        "up --roles sets amqp.order_signing_secret"
+    );
+    let mut db = env.db().await;
+    builders::activity(&mut db, 4901, 1, 10, 1).await;
+    let engine = crate::common::engine::EngineHandle::start(&s).await;
+
+    let names = &env.names;
+    let order = builders::order(4901, 1, 777_777, 0);
+    let body = serde_json::to_vec(&order).unwrap();
+    let signed = || {
+        seckill_engine::mq::order_properties(
+            &order.message_id.to_string(),
+            &body,
+            s.amqp.order_signing_secret.as_ref(),
+        )
+    };
+    let shard_queue = Route {
+        exchange: String::new(),
+        routing_key: names.order_queue(0),
+    };
+    let as_user = |kind: &str, key: &str| {
+        let mut amqp = s.amqp.clone();
+        amqp.url = identities.amqp_url_as(kind, key).into();
+        amqp
+    };
+    let (payments, front, engine_user) = (
+        as_user("payments", "PW_PAY"),
+        as_user("frontstage", "PW_FRONT"),
+        s.amqp.clone(),
+    );
+    // Every way in for a signed order body that is not the order producers' own.
+    let forged = [
+        (&payments, shard_queue.clone()),
+        (&payments, names.order_route(0)),
+        (&payments, names.retry_route(&names.order_retry_queue(0))),
+        (&payments, names.order_dead_route()),
+        (&front, shard_queue.clone()),
+        (&front, names.payment_route()),
+        (&front, names.retry_route(&names.order_retry_queue(0))),
+        (&engine_user, shard_queue.clone()),
+    ];
+    for (who, route) in forged {
+        let e = publish_as(who, &route, &body, signed())
+            .await
+            .expect_err(&format!("the broker took a publish to {route:?}"));
+        assert!(e.contains("ACCESS_REFUSED"), "{route:?}: {e}");
+    }
+    // The payments user does publish payment callbacks.
+    let callback = serde_json::to_vec(&builders::payment_for(&order)).unwrap();
+    publish_as(
+        &payments,
+        &names.payment_route(),
+        &callback,
+        lapin::BasicProperties::default(),
+    )
+    .await
+    .expect("a payment callback as the payments user");
+
+    // As the engine's own user, through the order exchange: unsigned is
+    // dead-lettered with its reason, signed makes the order.
+    let unsigned = builders::order(4901, 1, 777_778, 0);
+    let unsigned_body = serde_json::to_vec(&unsigned).unwrap();
+    publish_as(
+        &engine_user,
+        &names.order_route(0),
+        &unsigned_body,
+        seckill_engine::mq::message_properties(&unsigned.message_id.to_string()),
+    )
+    .await
+    .expect("the engine's user publishes to the order exchange");
+    publish_as(&engine_user, &names.order_route(0), &body, signed())
+        .await
+        .expect("a signed order");
+    let amqp = env.amqp().await;
+    let channel = amqp.create_channel().await.unwrap();
+    assert!(
+        env.wait_ready_count(&channel, &names.order_dead_queue(), 1)
+            .await,
+        "the unsigned order never reached the dead-letter queue"
+    );
+    let dead = crate::pipeline::drain_dead_letters(&env, &channel).await;
+    assert_eq!(dead.len(), 1, "{dead:?}");
+    assert_eq!(dead[0].0, "unsigned", "{dead:?}");
+    assert_eq!(dead[0].2, unsigned_body);
+    crate::common::wait::wait_for(
+        crate::common::wait::settle(),
+        "the signed order",
+        || async {
+            crate::common::count(&db, "SELECT count(*) FROM orders WHERE user_id = 777777").await
+                == 1
+        },
+    )
+    .await;
+    assert_eq!(
+        crate::common::count(&db, "SELECT count(*) FROM orders").await,
+        1
+    );
+    let _ = amqp.close(200, "done".into()).await;
+    engine.stop().await;
+    env.cleanup().await;
+}

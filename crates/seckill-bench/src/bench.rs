@@ -879,7 +879,11 @@ async fn drive_amqp(
                     m.reserved_at = Utc::now();
                     serde_json::to_vec(&m).unwrap_or_default()
                 });
-                let props = seckill_engine::mq::message_properties(&m.message_id.to_string());
+                let props = seckill_engine::mq::order_properties(
+                    &m.message_id.to_string(),
+                    body,
+                    settings.amqp.order_signing_secret.as_ref(),
+                );
                 match publisher
                     .publish(exchange, &Names::order_routing_key(shard), body, props)
                     .await

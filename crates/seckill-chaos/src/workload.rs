@@ -146,10 +146,11 @@ impl Plan {
                     .insert(message_id.clone(), cb.inbox_message_id());
                 // Around the expiry: some before, some after.
                 let at = Duration::from_millis(rng.random_range(4_500..7_500));
+                let route = names.payment_route();
                 plan.messages.push(Outgoing {
                     message_id,
-                    exchange: String::new(),
-                    routing_key: names.payment_queue(),
+                    exchange: route.exchange,
+                    routing_key: route.routing_key,
                     body: serde_json::to_vec(&cb).unwrap_or_default(),
                     kind: Kind::Payment,
                     at,

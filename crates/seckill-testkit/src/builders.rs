@@ -152,22 +152,28 @@ pub fn payment_for(msg: &OrderCreateMessage) -> seckill_engine::domain::payment:
     }
 }
 
-/// Publishes payment callbacks to the callback queue (default exchange) with confirms.
+/// Publishes payment callbacks through the payments exchange, as a provider does,
+/// with confirms.
 pub async fn publish_payments(
     env: &TestEnv,
     conn: &Connection,
     callbacks: &[seckill_engine::domain::payment::PaymentCallback],
 ) {
     let publisher = ConfirmedPublisher::open(conn).await.expect("publisher");
-    let queue = env.names.payment_queue();
+    let route = env.names.payment_route();
     for chunk in callbacks.chunks(2000) {
         let results = join_all(chunk.iter().map(|cb| {
             let body = serde_json::to_vec(cb).expect("serialize");
             let publisher = &publisher;
-            let queue = &queue;
+            let route = &route;
             async move {
                 publisher
-                    .publish("", queue, &body, BasicProperties::default())
+                    .publish(
+                        &route.exchange,
+                        &route.routing_key,
+                        &body,
+                        BasicProperties::default(),
+                    )
                     .await
             }
         }))

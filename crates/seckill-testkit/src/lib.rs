@@ -260,7 +260,8 @@ impl TestEnv {
             .await
             .expect("migrate the test database");
         TestEnv {
-            names: Names::new(&namespace),
+            // The runtime settings may name another namespace (the roles tests).
+            names: Names::new(&settings.amqp.namespace),
             admin: admin_settings,
             settings,
             db_name,

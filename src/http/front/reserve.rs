@@ -326,12 +326,12 @@ async fn publish(front: &FrontStage, msg: &OrderCreateMessage) -> Result<(), Pub
             ))
         }
     };
-    let publish = publisher.publish(
-        &exchange,
-        &routing_key,
+    let properties = crate::mq::order_properties(
+        &msg.message_id.to_string(),
         &body,
-        crate::mq::message_properties(&msg.message_id.to_string()),
+        front.signing_secret.as_ref(),
     );
+    let publish = publisher.publish(&exchange, &routing_key, &body, properties);
     match tokio::time::timeout(PUBLISH_TIMEOUT, publish).await {
         Ok(Ok(())) if crate::failpoint_for!("frontstage_confirm_lost", msg.activity_id) => Err(
             Published::Unknown("failpoint frontstage_confirm_lost".into()),

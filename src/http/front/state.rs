@@ -34,6 +34,8 @@ pub(super) struct FrontStage {
     pub(super) limits: Limits,
     /// `frontstage.purchase_token.secret` when tokens are required.
     pub(super) purchase_secret: Option<secrecy::SecretString>,
+    /// `amqp.order_signing_secret`: when set, each order message is signed.
+    pub(super) signing_secret: Option<secrecy::SecretString>,
     pub(super) replica: Option<Replica>,
     pub(super) replica_max_lag_ms: i64,
 }
@@ -109,6 +111,7 @@ impl FrontStage {
             auth,
             limits: Limits::new(&settings.frontstage.rate_limit),
             purchase_secret,
+            signing_secret: settings.amqp.order_signing_secret.clone(),
             replica,
             replica_max_lag_ms: i64::try_from(settings.database.replica_max_lag_ms)
                 .unwrap_or(i64::MAX),
