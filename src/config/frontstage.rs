@@ -63,6 +63,38 @@ pub struct RateLimitSettings {
     pub per_user_burst: u32,
     pub per_address_per_s: u32,
     pub per_address_burst: u32,
+    /// A buyer's reads (their reservations, orders, history), apart from what they
+    /// spend: one buyer polling cannot slow the others' reads.
+    pub per_user_reads_per_s: u32,
+    pub per_user_reads_burst: u32,
+    /// IPv6 clients are limited per network of this prefix length (a /64 is one
+    /// subscriber's, and holds 2^64 addresses).
+    pub ipv6_prefix_len: u8,
+}
+
+/// An IP network from the configuration: `10.0.0.0/8`, `2001:db8::/32`, or a bare
+/// address (one host).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(try_from = "String")]
+pub struct Cidr(pub ipnet::IpNet);
+
+impl TryFrom<String> for Cidr {
+    type Error = String;
+    fn try_from(text: String) -> Result<Self, String> {
+        let text = text.trim();
+        text.parse::<ipnet::IpNet>()
+            .or_else(|_| text.parse::<IpAddr>().map(ipnet::IpNet::from))
+            .map(|net| Cidr(net.trunc()))
+            .map_err(|_| {
+                format!("`{text}` is not an IP network (10.0.0.0/8, 2001:db8::/32) or address")
+            })
+    }
+}
+
+impl Cidr {
+    pub fn contains(&self, ip: &IpAddr) -> bool {
+        self.0.contains(ip)
+    }
 }
 
 /// The anti-bot purchase token (`domain::purchase_token`).
@@ -102,7 +134,10 @@ pub struct AuthSettings {
     #[serde(default)]
     pub issuer: Option<String>,
     pub gateway_header: String,
-    pub trusted_proxies: Vec<IpAddr>,
+    /// The proxies (networks) in front of the front stage: the gateway's
+    /// identity header is believed only from them, and behind them the client's
+    /// address is read from `X-Forwarded-For` (`http::client`).
+    pub trusted_proxies: Vec<Cidr>,
     /// Clock skew allowed on `exp` and `nbf`, in seconds.
     pub leeway_secs: u64,
     /// The longest a token may be good for (`exp − iat`, or `exp − now` without
@@ -159,6 +194,11 @@ impl RateLimitSettings {
                 "frontstage.rate_limit.per_address_burst",
                 self.per_address_per_s,
                 self.per_address_burst,
+            ),
+            (
+                "frontstage.rate_limit.per_user_reads_burst",
+                self.per_user_reads_per_s,
+                self.per_user_reads_burst,
             ),
         ] {
             if rate > 0 && burst == 0 {

@@ -35,7 +35,7 @@ use self::check::{Bound, Check};
 pub use self::database::{DatabaseSettings, PgUrl};
 pub use self::engine::{EngineSettings, MAX_PIPELINE_THREADS};
 pub use self::frontstage::{
-    AuthMode, AuthSettings, ConnectionLimits, FrontstageSettings, PurchaseTokenSettings,
+    AuthMode, AuthSettings, Cidr, ConnectionLimits, FrontstageSettings, PurchaseTokenSettings,
     RateLimitSettings, MIN_HS256_SECRET_BYTES,
 };
 pub use self::http::{AdminSettings, HttpSettings};
@@ -199,6 +199,7 @@ const BOUNDS: &[B] = &[
     B::new("frontstage.limits.header_read_ms", |s| s.frontstage.limits.header_read_ms, 100, 60 * SECOND_MS),
     B::new("frontstage.limits.body_read_ms", |s| s.frontstage.limits.body_read_ms, 100, 60 * SECOND_MS),
     B::new("frontstage.limits.keep_alive_ms", |s| s.frontstage.limits.keep_alive_ms, 0, 300 * SECOND_MS),
+    B::new("frontstage.rate_limit.ipv6_prefix_len", |s| u64::from(s.frontstage.rate_limit.ipv6_prefix_len), 32, 128),
     B::new("frontstage.limits.max_connections", |s| s.frontstage.limits.max_connections as u64, 0, 1_000_000),
     B::new("frontstage.auth.leeway_secs", |s| s.frontstage.auth.leeway_secs, 0, 300),
     B::new("frontstage.auth.max_lifetime_secs", |s| s.frontstage.auth.max_lifetime_secs, 60, 30 * DAY_SECS),

@@ -10,7 +10,7 @@
 //! - `none`: the same header from anyone: local development only, refused unless the
 //!   front stage listens on a loopback address.
 
-use std::net::IpAddr;
+use super::client::Proxies;
 
 use actix_web::http::header::{HeaderName, HeaderValue, WWW_AUTHENTICATE};
 use actix_web::{HttpRequest, HttpResponse};
@@ -35,7 +35,7 @@ enum Mode {
     },
     Gateway {
         header: HeaderName,
-        trusted: Vec<IpAddr>,
+        trusted: Proxies,
     },
     Unchecked {
         header: HeaderName,
@@ -148,7 +148,7 @@ impl Authenticator {
             }
             AuthMode::Gateway => Mode::Gateway {
                 header: header("frontstage.auth.gateway_header")?,
-                trusted: settings.trusted_proxies.clone(),
+                trusted: Proxies::new(&settings.trusted_proxies),
             },
             AuthMode::None => Mode::Unchecked {
                 header: header("frontstage.auth.gateway_header")?,
@@ -182,7 +182,7 @@ impl Authenticator {
             }
             Mode::Gateway { header, trusted } => {
                 let peer = req.peer_addr().map(|a| a.ip());
-                if !peer.is_some_and(|ip| trusted.contains(&ip)) {
+                if !peer.is_some_and(|ip| trusted.trusts(&ip)) {
                     return Err(AuthError::UntrustedProxy);
                 }
                 header_user(req, header)
@@ -283,7 +283,7 @@ mod tests {
             audience: None,
             issuer: None,
             gateway_header: "x-user-id".into(),
-            trusted_proxies: vec!["10.0.0.1".parse().unwrap()],
+            trusted_proxies: vec![crate::config::Cidr::try_from("10.0.0.1".to_owned()).unwrap()],
             leeway_secs: 30,
             max_lifetime_secs: 86_400,
         }

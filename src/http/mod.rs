@@ -4,6 +4,7 @@
 
 pub mod admin;
 pub mod auth;
+pub mod client;
 pub mod front;
 pub mod limits;
 pub mod live_page;

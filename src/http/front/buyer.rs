@@ -19,7 +19,7 @@ use crate::http::limits::{too_many, Limited};
 pub(super) struct Buyer(pub i64);
 
 /// A buyer reading their own reservations and orders: counted against the address
-/// limit only.
+/// limit and the user's read limit (apart from what they spend).
 pub(super) struct Reader(pub i64);
 
 /// A request turned away before any store was asked.
@@ -51,17 +51,26 @@ impl ResponseError for Refused {
     }
 }
 
-/// The user `http` speaks for, once the address limit, the credentials and (for
-/// `count_user`) the user's own limit let it through.
-fn admit(http: &HttpRequest, count_user: bool) -> Result<i64, Refused> {
+/// What a request counts against once its user is known.
+#[derive(Clone, Copy)]
+enum Counts {
+    Spending,
+    Reading,
+}
+
+/// The user `http` speaks for, once the address limit, the credentials and the
+/// user's own limit (spending or reading) let it through.
+fn admit(http: &HttpRequest, counts: Counts) -> Result<i64, Refused> {
     let front = http
         .app_data::<web::Data<FrontStage>>()
         .ok_or(Refused::Unwired)?;
     front.limits.address(http).map_err(Refused::Limited)?;
     let user = front.auth.user(http).map_err(Refused::Unauthorized)?;
-    if count_user {
-        front.limits.user(user).map_err(Refused::Limited)?;
+    match counts {
+        Counts::Spending => front.limits.user(user),
+        Counts::Reading => front.limits.user_read(user),
     }
+    .map_err(Refused::Limited)?;
     Ok(user)
 }
 
@@ -70,7 +79,7 @@ impl FromRequest for Buyer {
     type Future = Ready<Result<Self, Refused>>;
 
     fn from_request(http: &HttpRequest, _: &mut Payload) -> Self::Future {
-        ready(admit(http, true).map(Buyer))
+        ready(admit(http, Counts::Spending).map(Buyer))
     }
 }
 
@@ -79,6 +88,6 @@ impl FromRequest for Reader {
     type Future = Ready<Result<Self, Refused>>;
 
     fn from_request(http: &HttpRequest, _: &mut Payload) -> Self::Future {
-        ready(admit(http, false).map(Reader))
+        ready(admit(http, Counts::Reading).map(Reader))
     }
 }

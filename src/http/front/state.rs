@@ -109,7 +109,10 @@ impl FrontStage {
             settings: settings.frontstage.clone(),
             marker_ttl_secs: settings.compensation.released_marker_ttl_secs,
             auth,
-            limits: Limits::new(&settings.frontstage.rate_limit),
+            limits: Limits::new(
+                &settings.frontstage.rate_limit,
+                &settings.frontstage.auth.trusted_proxies,
+            ),
             purchase_secret,
             signing_secret: settings.amqp.order_signing_secret.clone(),
             replica,
