@@ -2,10 +2,11 @@
 # "Roles") on the configured services, and the engine's settings for them in
 # $SVC_DIR/roles.toml. Idempotent; passwords are generated once into
 # $SVC_DIR/roles/secrets (mode 600) and kept.
-#   PostgreSQL  scripts/lib/roles.sql: seckill_owner (migrate, maintain),
-#               seckill_engine (serve: seckill_runtime + pg_monitor),
-#               seckill_history (seckill_readonly); the database is created owned
-#               by seckill_owner when missing
+#   PostgreSQL  scripts/lib/roles.sql, under the role prefix (the database's name,
+#               lower case, other characters as _; written to roles.toml as
+#               database.role_prefix): <p>_owner (migrate, maintain), <p>_engine
+#               (serve: <p>_runtime + pg_monitor), <p>_history (<p>_readonly); the
+#               database is created owned by <p>_owner when missing
 #   RabbitMQ    seckill-engine     configure/write/read on the namespace's names
 #               seckill-frontstage write on <ns>.orders only
 #               seckill-payments   write on <ns>.payments only
@@ -41,7 +42,7 @@ roles_rabbitmqctl() {
 }
 
 roles_up() {
-  local ns prefix db owner pw_engine pw_front pw_pay pw_redis re
+  local ns prefix db owner owner_role rp pw_engine pw_front pw_pay pw_redis re
   ns=${SECKILL__AMQP__NAMESPACE:-seckill}
   prefix=${SECKILL__REDIS__KEY_PREFIX:-seckill}
   mkdir -p "$ROLES_DIR"
@@ -62,20 +63,26 @@ roles_up() {
   pw_engine=$PW_ENGINE pw_front=$PW_FRONT pw_pay=$PW_PAY pw_redis=$PW_REDIS
 
   local psql=(psql -X -q -A -t -v ON_ERROR_STOP=1 -h "${HOST[postgres]}" -p "${PORT[postgres]}" -U "$PG_USER" -d postgres)
-  PGPASSWORD=$PG_PASS PGOPTIONS='-c client_min_messages=warning' "${psql[@]}" \
+  db=$PG_DB
+  # The engine's default (domain::roles::role_prefix_for), written down in
+  # roles.toml so the engine uses exactly the roles made here.
+  rp=$(printf '%s' "${db,,}" | LC_ALL=C sed 's/[^a-z0-9_]/_/g')
+  [[ $rp =~ ^[a-z] ]] || rp=d$rp
+  rp=${rp:0:40}
+  PGPASSWORD=$PG_PASS PGOPTIONS="-c client_min_messages=warning -c seckill.role_prefix=$rp" "${psql[@]}" \
     -f "$ROOT/scripts/lib/roles.sql" >/dev/null ||
     die "creating the PostgreSQL roles failed (the configured user must be a superuser)"
-  db=$PG_DB
+  owner_role=${rp}_owner
   owner=$(echo "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = :'db'" |
     PGPASSWORD=$PG_PASS "${psql[@]}" -v db="$db")
   if [[ -z $owner ]]; then
-    echo 'CREATE DATABASE :"db" OWNER seckill_owner' | PGPASSWORD=$PG_PASS "${psql[@]}" -v db="$db" ||
+    echo 'CREATE DATABASE :"db" OWNER :"owner"' | PGPASSWORD=$PG_PASS "${psql[@]}" -v db="$db" -v owner="$owner_role" ||
       die "creating database $db failed"
-    roles_say postgres "database $db created, owned by seckill_owner"
-  elif [[ $owner != seckill_owner ]]; then
+    roles_say postgres "database $db created, owned by $owner_role"
+  elif [[ $owner != "$owner_role" ]]; then
     warn postgres "database $db exists and is owned by $owner: migrate it as $owner (owner_url), or drop it and run 'up --roles' again"
   fi
-  roles_say postgres "roles seckill_owner, seckill_engine (seckill_runtime, pg_monitor), seckill_history (seckill_readonly)"
+  roles_say postgres "roles ${rp}_owner, ${rp}_engine (${rp}_runtime, pg_monitor), ${rp}_history (${rp}_readonly)"
 
   re=${ns//./\\.}
   if roles_rabbitmqctl -q status >/dev/null 2>&1; then
@@ -113,8 +120,9 @@ EOF
 # Engine settings with one identity per job (scripts/services up --roles); use with
 # --config. Holds passwords: keep it private.
 [database]
-url = "postgres://seckill_engine@$pg/$db?sslmode=disable"
-owner_url = "postgres://seckill_owner@$pg/$db?sslmode=disable"
+url = "postgres://${rp}_engine@$pg/$db?sslmode=disable"
+owner_url = "postgres://${rp}_owner@$pg/$db?sslmode=disable"
+role_prefix = "$rp"
 
 [amqp]
 url = "amqp://$ROLES_USER-engine:$pw_engine@$amqp/$vhost"

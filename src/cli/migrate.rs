@@ -11,7 +11,10 @@ use crate::store::{self, migrate};
 /// Migrates and prints what it did, one line per migration applied.
 pub async fn run(settings: &Settings) -> anyhow::Result<ExitCode> {
     let config = store::owner_pg_config(&settings.database)?;
-    let report = migrate::migrate(&config).await.context("migrating")?;
+    let prefix = settings.database.role_prefix();
+    let report = migrate::migrate(&config, Some(&prefix))
+        .await
+        .context("migrating")?;
     if report.database_created {
         println!(
             "created database {}",
@@ -24,5 +27,9 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExitCode> {
     for m in &report.applied {
         println!("applied {m}");
     }
+    println!(
+        "granted {0}_runtime (serve) and {0}_readonly (history reads); CONNECT only to them",
+        report.role_prefix
+    );
     Ok(ExitCode::SUCCESS)
 }

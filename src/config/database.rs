@@ -40,6 +40,11 @@ pub struct DatabaseSettings {
     /// and how they are used).
     #[serde(default)]
     pub tls: TlsFiles,
+    /// The prefix of the group roles `migrate` grants to (`{prefix}_runtime`,
+    /// `{prefix}_readonly`); unset: derived from the database's name
+    /// (`domain::roles`).
+    #[serde(default)]
+    pub role_prefix: Option<String>,
     /// The URLs as read by `validate`.
     #[serde(skip)]
     parsed: ParsedUrls,
@@ -124,8 +129,29 @@ impl DatabaseSettings {
             .transpose()
     }
 
+    /// The prefix of the group roles: `database.role_prefix`, or derived from the
+    /// database `database.url` names.
+    pub fn role_prefix(&self) -> String {
+        match &self.role_prefix {
+            Some(prefix) => prefix.clone(),
+            None => {
+                let url = self.parsed_url().ok();
+                let db = url.as_ref().and_then(|u| u.config.get_dbname());
+                crate::domain::roles::role_prefix_for(db.unwrap_or_default())
+            }
+        }
+    }
+
     /// Reads every URL, checks what it asks of `database.tls`, and keeps them.
     pub(super) fn validate(&mut self, ctx: &Check) -> Result<(), ConfigError> {
+        if let Some(prefix) = &self.role_prefix {
+            if !crate::domain::roles::is_role_prefix(prefix) {
+                return Err(ctx.invalid(
+                    "database.role_prefix",
+                    "a lower-case letter, then lower-case letters, digits or _, at most 40",
+                ));
+            }
+        }
         let url = self.read(ctx, "database.url", &self.url)?;
         let pg = &url.config;
         if pg.get_dbname().is_none() {

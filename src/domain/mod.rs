@@ -9,6 +9,7 @@ pub mod message;
 pub mod outcome;
 pub mod payment;
 pub mod purchase_token;
+pub mod roles;
 pub mod shard;
 pub mod signature;
 pub mod status;

@@ -20,19 +20,35 @@ pub enum MigrateError {
     Behind { applied: usize, known: usize },
     #[error("the database schema diverged from this build: {0}; refusing to run")]
     Diverged(String),
+    #[error("`{0}` cannot prefix role names: a lower-case letter, then lower-case letters, digits or _, at most 40 (database.role_prefix)")]
+    RolePrefix(String),
 }
 
 /// Creates the configured database if it does not exist (connecting to the server's
-/// `postgres` maintenance database), then applies pending migrations. Idempotent.
-pub async fn migrate(config: &PgTarget) -> Result<MigrationReport, MigrateError> {
+/// `postgres` maintenance database), applies pending migrations, then the roles'
+/// grants (`grants`) under `role_prefix` (`database.role_prefix`; `None`: derived
+/// from the database's name). Idempotent.
+pub async fn migrate(
+    config: &PgTarget,
+    role_prefix: Option<&str>,
+) -> Result<MigrationReport, MigrateError> {
     let created = ensure_database(config).await?;
+    let prefix = match role_prefix {
+        Some(prefix) => prefix.to_owned(),
+        None => crate::domain::roles::role_prefix_for(config.get_dbname().unwrap_or_default()),
+    };
+    if !crate::domain::roles::is_role_prefix(&prefix) {
+        return Err(MigrateError::RolePrefix(prefix));
+    }
     let mut client = connect(config).await?;
     let report = migrations::runner()
         .set_abort_divergent(true)
         .set_abort_missing(true)
         .run_async(&mut client)
         .await?;
+    super::grants::apply(&mut client, &prefix).await?;
     Ok(MigrationReport {
+        role_prefix: prefix,
         database_created: created,
         applied: report
             .applied_migrations()
@@ -44,6 +60,8 @@ pub async fn migrate(config: &PgTarget) -> Result<MigrationReport, MigrateError>
 
 #[derive(Debug)]
 pub struct MigrationReport {
+    /// The prefix of the group roles granted (`{prefix}_runtime`, `{prefix}_readonly`).
+    pub role_prefix: String,
     pub database_created: bool,
     pub applied: Vec<String>,
 }

@@ -13,6 +13,7 @@ pub mod compensation;
 mod conn;
 pub mod diagnose;
 mod error;
+pub mod grants;
 pub mod health;
 mod inbox;
 pub mod invariants;

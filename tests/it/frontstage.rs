@@ -232,12 +232,14 @@ pub(crate) async fn front_stage_reports_every_state(env: TestEnv) {
     assert_eq!(status, 404);
 
     // Left unpaid past its expiry, the order is cancelled and its unit released.
-    db.execute(
-        "UPDATE orders SET expire_at = now() - interval '1 second' WHERE order_id = $1",
-        &[&first["order_id"].as_i64().unwrap()],
-    )
-    .await
-    .unwrap();
+    env.admin_db()
+        .await
+        .execute(
+            "UPDATE orders SET expire_at = now() - interval '1 second' WHERE order_id = $1",
+            &[&first["order_id"].as_i64().unwrap()],
+        )
+        .await
+        .unwrap();
     assert!(front.reaches(&reservation, "RELEASED", 1).await);
     let (_, order) = front
         .get(&format!("/v1/orders/{}", first["order_id"]), Some(1))

@@ -102,9 +102,12 @@ pub(crate) async fn ha_env(
 ) -> TestEnv {
     let url = cluster.url("seckill");
     let env = TestEnv::with(|f| overrides(f.merge(Serialized::default("database.url", url)))).await;
-    migrate::migrate(&store::admin_pg_config(&env.settings.database).expect("url"))
-        .await
-        .expect("migrate on the primary");
+    migrate::migrate(
+        &store::admin_pg_config(&env.settings.database).expect("url"),
+        None,
+    )
+    .await
+    .expect("migrate on the primary");
     env
 }
 

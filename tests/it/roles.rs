@@ -21,36 +21,87 @@ fn url_as(user: &str) -> String {
     format!("postgres://{user}@{host}:{port}/seckill?sslmode=disable")
 }
 
-/// A test world whose database `seckill_owner` owns and migrated, and whose engine
-/// connects as `seckill_engine`.
-async fn roles_env() -> TestEnv {
-    let admin = seckill_engine::store::connect(&admin_config())
+/// A deployment's roles on the suite's server: `scripts/lib/roles.sql` under a
+/// prefix of its own (dropped with it), as `up --roles` runs it.
+pub(crate) struct Roles {
+    pub(crate) prefix: String,
+}
+
+impl Roles {
+    pub(crate) async fn create() -> Roles {
+        let prefix = format!("rt{}", &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let admin = seckill_engine::store::connect(&admin_config())
+            .await
+            .unwrap();
+        admin
+            .execute(
+                "SELECT set_config('seckill.role_prefix', $1, false)",
+                &[&prefix],
+            )
+            .await
+            .unwrap();
+        admin
+            .batch_execute(include_str!("../../scripts/lib/roles.sql"))
+            .await
+            .expect("scripts/lib/roles.sql");
+        Roles { prefix }
+    }
+
+    pub(crate) fn role(&self, job: &str) -> String {
+        format!("{}_{job}", self.prefix)
+    }
+
+    /// A test world whose database the owner role owns and migrated (granting to
+    /// this prefix), and whose engine connects as the engine role.
+    pub(crate) async fn env(&self) -> TestEnv {
+        let superuser = base_settings().database.url.expose_secret().to_owned();
+        TestEnv::on_servers(
+            |f| f.merge(Serialized::default("database.url", superuser)),
+            |f| {
+                f.merge(Serialized::default(
+                    "database.url",
+                    url_as(&self.role("engine")),
+                ))
+                .merge(Serialized::default(
+                    "database.owner_url",
+                    url_as(&self.role("owner")),
+                ))
+                .merge(Serialized::default("database.role_prefix", &self.prefix))
+            },
+        )
         .await
-        .unwrap();
-    admin
-        .batch_execute(include_str!("../../scripts/lib/roles.sql"))
-        .await
-        .expect("scripts/lib/roles.sql");
-    let superuser = base_settings().database.url.expose_secret().to_owned();
-    TestEnv::on_servers(
-        |f| f.merge(Serialized::default("database.url", superuser)),
-        |f| {
-            f.merge(Serialized::default(
-                "database.url",
-                url_as("seckill_engine"),
-            ))
-            .merge(Serialized::default(
-                "database.owner_url",
-                url_as("seckill_owner"),
-            ))
-        },
-    )
-    .await
+    }
+}
+
+impl Drop for Roles {
+    /// After the test's databases are gone (their cleanup runs first: declared
+    /// after the roles, dropped before them).
+    fn drop(&mut self) {
+        let roles: Vec<String> = ["engine", "owner", "history", "runtime", "readonly"]
+            .iter()
+            .map(|job| format!("\"{}\"", self.role(job)))
+            .collect();
+        let _ = std::process::Command::new("psql")
+            .args([
+                "-X",
+                "-q",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-c",
+            ])
+            .arg(format!("DROP ROLE IF EXISTS {}", roles.join(", ")))
+            .output();
+    }
 }
 
 #[actix_rt::test]
 async fn serve_runs_as_the_runtime_role_which_cannot_change_the_schema() {
-    let env = roles_env().await;
+    let roles = Roles::create().await;
+    let env = roles.env().await;
     let db = env.db().await;
     let row = db
         .query_one(
@@ -59,7 +110,7 @@ async fn serve_runs_as_the_runtime_role_which_cannot_change_the_schema() {
         )
         .await
         .unwrap();
-    assert_eq!(row.get::<_, String>(0), "seckill_engine");
+    assert_eq!(row.get::<_, String>(0), roles.role("engine"));
     assert!(row.get::<_, bool>(1), "the runtime role lacks pg_monitor");
     for ddl in [
         "CREATE TABLE seckill.intruder (i int)",
@@ -77,9 +128,9 @@ async fn serve_runs_as_the_runtime_role_which_cannot_change_the_schema() {
         );
     }
 
-    // History reads: a member of seckill_readonly reads, and writes nothing.
+    // History reads: a member of the read-only role reads, and writes nothing.
     let mut history = seckill_engine::store::PgTarget::from_url(&crate::common::with_dbname(
-        &url_as("seckill_history"),
+        &url_as(&roles.role("history")),
         &env.db_name,
     ))
     .unwrap();
@@ -169,6 +220,25 @@ impl Drop for Identities {
                 "-c",
             ])
             .arg(format!("DROP DATABASE IF EXISTS {} WITH (FORCE)", self.db))
+            .output();
+        // `up --roles` named the PostgreSQL roles after the database.
+        let roles: Vec<String> = ["engine", "owner", "history", "runtime", "readonly"]
+            .iter()
+            .map(|job| format!("{}_{job}", self.db))
+            .collect();
+        let _ = std::process::Command::new("psql")
+            .args([
+                "-X",
+                "-q",
+                "-h",
+                "127.0.0.1",
+                "-U",
+                "postgres",
+                "-d",
+                "postgres",
+                "-c",
+            ])
+            .arg(format!("DROP ROLE IF EXISTS {}", roles.join(", ")))
             .output();
         let _ = std::fs::remove_dir_all(&self.dir);
     }
@@ -404,4 +474,137 @@ async fn no_identity_but_an_order_producer_can_put_an_order_on_a_shard_queue() {
     let _ = amqp.close(200, "done".into()).await;
     engine.stop().await;
     env.cleanup().await;
+}
+
+/// Issue 49: two databases on one cluster get disjoint roles, neither's runtime role
+/// can open the other's database, and the runtime role cannot delete or rewrite
+/// what is history (ledger, payments, orders, the outbox history) nor prices and
+/// stock totals; what the engine does write still works.
+#[actix_rt::test]
+async fn each_database_has_its_own_roles_and_the_runtime_role_cannot_rewrite_history() {
+    let (roles_a, roles_b) = (Roles::create().await, Roles::create().await);
+    let (env_a, env_b) = (roles_a.env().await, roles_b.env().await);
+    assert_ne!(roles_a.role("runtime"), roles_b.role("runtime"));
+
+    // A's engine role cannot even connect to B's database.
+    let b_as_a = seckill_engine::store::PgTarget::from_url(&crate::common::with_dbname(
+        &url_as(&roles_a.role("engine")),
+        &env_b.db_name,
+    ))
+    .unwrap();
+    let Err(e) = seckill_engine::store::connect(&b_as_a).await else {
+        panic!("A's engine role connected to B's database");
+    };
+    assert!(
+        format!("{e:?}").contains("permission denied for database"),
+        "{e:?}"
+    );
+
+    // A sale with orders, a payment and history, made as the runtime role; the
+    // sold-out messages take back their provisional orders through V9's function.
+    let mut db = env_a.db().await;
+    crate::common::builders::activity(&mut db, 4907, 1, 3, 1).await;
+    let msgs: Vec<_> = (1..=10)
+        .map(|user| crate::common::builders::order(4907, 1, user, 0))
+        .collect();
+    let engine = crate::common::engine::EngineHandle::start(&env_a.settings).await;
+    let amqp = env_a.amqp().await;
+    crate::common::builders::publish(&env_a, &amqp, &msgs).await;
+    crate::common::wait::wait_for(
+        crate::common::wait::settle(),
+        "ten messages settled",
+        || async {
+            crate::common::count(
+                &db,
+                "SELECT count(*) FROM consumer_inbox WHERE result_code IS NOT NULL",
+            )
+            .await
+                == 10
+        },
+    )
+    .await;
+    let paid: Vec<_> = msgs
+        .iter()
+        .take(1)
+        .map(crate::common::builders::payment_for)
+        .collect();
+    crate::common::builders::publish_payments(&env_a, &amqp, &paid).await;
+    crate::common::wait::wait_for(
+        crate::common::wait::settle(),
+        "a payment recorded",
+        || async { crate::common::count(&db, "SELECT count(*) FROM payment_record").await == 1 },
+    )
+    .await;
+    engine.stop().await;
+    let _ = amqp.close(200, "done".into()).await;
+    assert_eq!(
+        crate::common::count(&db, "SELECT count(*) FROM orders").await,
+        3
+    );
+    db.batch_execute("INSERT INTO event_outbox_history SELECT * FROM event_outbox LIMIT 1")
+        .await
+        .expect("the runtime role moves outbox rows to the history");
+
+    for forbidden in [
+        "DELETE FROM inventory_ledger",
+        "DELETE FROM payment_record",
+        "DELETE FROM orders",
+        "DELETE FROM order_items",
+        "DELETE FROM event_outbox_history",
+        "UPDATE inventory_ledger SET available_delta = 0",
+        "UPDATE payment_record SET amount = 1",
+        "UPDATE seckill_sku SET unit_price = 1",
+        "UPDATE orders SET total_amount = 1",
+        "UPDATE orders SET unit_price = 1",
+        "UPDATE sku_inventory SET total_stock = total_stock + 100",
+        "UPDATE seckill_activity SET end_at = end_at",
+    ] {
+        let e = db.batch_execute(forbidden).await.expect_err(forbidden);
+        assert_eq!(
+            e.code(),
+            Some(&SqlState::INSUFFICIENT_PRIVILEGE),
+            "{forbidden}: {e}"
+        );
+    }
+    // A committed order is not provisional: the function leaves it.
+    let deleted = db
+        .query(
+            "SELECT * FROM drop_provisional_orders(ARRAY(SELECT order_id FROM orders))",
+            &[],
+        )
+        .await
+        .unwrap();
+    assert!(deleted.is_empty(), "{deleted:?}");
+    assert_eq!(
+        crate::common::count(&db, "SELECT count(*) FROM orders").await,
+        3
+    );
+    // What the order path writes is still allowed.
+    db.batch_execute(
+        "UPDATE sku_inventory SET available_stock = available_stock, version = version",
+    )
+    .await
+    .expect("the order path's columns");
+
+    // Every table of the schema is granted to the runtime role (a new table must be
+    // listed in store::grants).
+    let ungranted: Vec<String> = db
+        .query(
+            "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+              WHERE n.nspname = 'seckill' AND c.relkind IN ('r', 'p')
+                AND NOT has_table_privilege($1, c.oid, 'SELECT')",
+            &[&roles_a.role("runtime")],
+        )
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert!(
+        ungranted.is_empty(),
+        "tables the runtime role cannot read: {ungranted:?}"
+    );
+    drop(db);
+    env_a.cleanup().await;
+    env_b.cleanup().await;
 }

@@ -533,7 +533,11 @@ async fn run_on(
     started: Instant,
 ) -> anyhow::Result<Account> {
     let settings = scenario_settings(cluster, ha, scenario.name, scenario.shards)?;
-    store::migrate::migrate(&store::admin_pg_config(&settings.database)?).await?;
+    store::migrate::migrate(
+        &store::admin_pg_config(&settings.database)?,
+        settings.database.role_prefix.as_deref(),
+    )
+    .await?;
     let buyers = match profile {
         Profile::Short => scenario.buyers.0,
         Profile::Full => scenario.buyers.1,

@@ -96,9 +96,13 @@ async fn template() -> String {
                     .await;
                 let mut db = base_settings().database;
                 db.url = with_dbname(db.url.expose_secret(), &building).into();
-                migrate::migrate(&store::admin_pg_config(&db).expect("url"))
-                    .await
-                    .expect("migrate the template");
+                // One pair of group roles for every template, not one per build.
+                migrate::migrate(
+                    &store::admin_pg_config(&db).expect("url"),
+                    Some("seckill_tests"),
+                )
+                .await
+                .expect("migrate the template");
                 // Rename only a complete template; kick out the migration session first.
                 admin
                     .execute(
@@ -256,7 +260,7 @@ impl TestEnv {
                 .await
                 .expect("hand the test database to the owner role");
         }
-        migrate::migrate(&owner)
+        migrate::migrate(&owner, settings.database.role_prefix.as_deref())
             .await
             .expect("migrate the test database");
         TestEnv {
@@ -275,6 +279,15 @@ impl TestEnv {
         store::connect(&store::pg_config(&self.settings.database).expect("url"))
             .await
             .expect("connect to the test database")
+    }
+
+    /// A client on the test database as the servers' superuser: for what a test
+    /// does behind the engine's back (rewinding a deadline), which the runtime
+    /// role of the least-privilege worlds may not.
+    pub async fn admin_db(&self) -> Client {
+        store::connect(&store::pg_config(&self.admin.database).expect("url"))
+            .await
+            .expect("connect to the test database as its superuser")
     }
 
     /// The engine's pool on the test database, with a single connection: statistics
@@ -376,6 +389,15 @@ async fn cleanup(db_name: String, names: Names, settings: Settings, queues: Vec<
             .batch_execute(&format!(
                 "DROP DATABASE IF EXISTS {} WITH (FORCE)",
                 migrate::quote_ident(&db_name)
+            ))
+            .await;
+        // A database migrated here (not cloned) got group roles named after it.
+        let prefix = seckill_engine::domain::roles::role_prefix_for(&db_name);
+        let _ = admin
+            .batch_execute(&format!(
+                "DROP ROLE IF EXISTS {}, {}",
+                migrate::quote_ident(&format!("{prefix}_runtime")),
+                migrate::quote_ident(&format!("{prefix}_readonly"))
             ))
             .await;
     }

@@ -84,7 +84,11 @@ WHERE activity_id = $1 AND sku_id = $2 AND user_id = $3";
 /// same UPDATE with the ledger rows); `version` counts units taken.
 pub(super) const ALLOCATE_UNITS: &str = allocate_units!();
 
-pub(super) const DELETE_PROVISIONAL_ORDER: &str = "DELETE FROM orders WHERE order_id = $1";
+/// Through migration V9's function: the runtime role has no DELETE on orders, and
+/// the function deletes only rows this transaction inserted. One row per order
+/// deleted, so the affected-row count is the deleted count.
+pub(super) const DELETE_PROVISIONAL_ORDER: &str =
+    "SELECT * FROM drop_provisional_orders(ARRAY[$1::int8])";
 
 pub(super) const INSERT_ORDER_ITEM: &str = "
 INSERT INTO order_items (
@@ -214,8 +218,9 @@ RETURNING order_id"
 /// For orders taken to be new: one that conflicts fails the statement (23505).
 pub(super) const INSERT_NEW_ORDERS: &str = insert_orders_then!("");
 
+/// As `DELETE_PROVISIONAL_ORDER`, for many.
 pub(super) const DELETE_PROVISIONAL_ORDERS: &str =
-    "DELETE FROM orders WHERE order_id = ANY ($1::int8[])";
+    "SELECT * FROM drop_provisional_orders($1::int8[])";
 
 pub(super) const INSERT_ORDER_ITEMS: &str = "
 INSERT INTO order_items (
