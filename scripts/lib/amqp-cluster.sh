@@ -167,7 +167,7 @@ ac_cluster_ok() {
 }
 
 ac_up() {
-  local t0 n wpids=() first
+  local t0 n wpids=() first step log
   t0=$(now_us)
   [[ -n ${PY:-} ]] || pick_python
   [[ -x $RMQ_BIN/rabbitmq-server && -x $RMQ_BIN/rabbitmqctl ]] ||
@@ -209,9 +209,16 @@ ac_up() {
   for n in 2 3; do
     if ac_disk_members "$n" | grep -qxF "$first"; then continue; fi
     ac_say "c$n" "joining the cluster of $first"
-    ac_ctl "$n" -q stop_app >/dev/null || ac_die "c$n: stop_app failed"
-    ac_ctl "$n" -q join_cluster "$first" || ac_die "c$n: join_cluster $first failed"
-    ac_ctl "$n" -q start_app >/dev/null || ac_die "c$n: start_app failed"
+    # The CLI's output (join_cluster logs errors about tables of the stopped app
+    # even when it succeeds) goes to the node's ctl.log.
+    log=$AC_DIR/c$n/log/ctl.log
+    for step in stop_app "join_cluster $first" start_app; do
+      # shellcheck disable=SC2086 # step is a command and its argument
+      if ! ac_ctl "$n" -q $step >>"$log" 2>&1; then
+        tail -n 20 "$log" | sed 's/^/  | /' >&2
+        ac_die "c$n: rabbitmqctl $step failed; see $(rel "$log")"
+      fi
+    done
     ac_await "$n" ""
   done
   local deadline=$((SECONDS + AC_TIMEOUT))
