@@ -1,0 +1,285 @@
+# shellcheck shell=bash
+# Sourced by scripts/services (up --amqp-cluster, down, status, amqp-cluster-ctl): a
+# local three-node RabbitMQ cluster. Nodes c1, c2 and c3, each its own Erlang VM with
+# its files under $AC_DIR/cN: its own AMQP port (127.0.0.1 only), distribution port
+# and node name (seckill-cN-PORT@localhost); c2 and c3 join c1's cluster. One Erlang
+# cookie, generated once into $AC_DIR/.erlang.cookie (mode 400), serves the three
+# nodes and the CLI: HOME is $AC_DIR for both. The nodes share the system's epmd
+# (port 4369); the system broker (rabbit@..., 5672 and 25672) is never touched.
+# A quorum queue declared without x-quorum-initial-group-size gets
+# quorum_cluster_size members (3, RabbitMQ 3.10's default, set in advanced.config
+# all the same): one on each node.
+# Each VM runs one scheduler, unbound (+S 1:1 +SDcpu 1:1 +A 4, RABBITMQ_SCHEDULER_BIND_TYPE=u),
+# so that the three share a small host. Writes the engine settings to
+# $SVC_DIR/amqp-cluster.toml.
+#
+# The caller defines SVC_DIR, ROOT, RMQ_BIN and the helpers of scripts/services
+# (probe, pick_python, pid_alive, pid_is, wait_pid_gone, free_port, now_us, since,
+# rel). SECKILL_AMQP_CLUSTER_PORTS (default "55672 55673 55674") gives the AMQP
+# ports of c1, c2 and c3; they are recorded in $AC_DIR/ports at the first `up`,
+# each node's distribution port in $AC_DIR/cN/dist (its AMQP port - 10000 when free).
+
+AC_DIR=${SVC_DIR:?}/amqp-cluster
+AC_NODES=(1 2 3)
+AC_TIMEOUT=${SERVICES_START_TIMEOUT:-120}
+
+ac_say() { printf '%-9s %s\n' "$1:" "$2"; }
+ac_die() { printf 'amqp-cluster: error: %s\n' "$*" >&2; exit 1; }
+
+ac_ports() {
+  if [[ -s $AC_DIR/ports ]]; then cat "$AC_DIR/ports"; else echo "${SECKILL_AMQP_CLUSTER_PORTS:-55672 55673 55674}"; fi
+}
+ac_port() { # ac_port N
+  local ports
+  read -r -a ports <<<"$(ac_ports)"
+  echo "${ports[$1 - 1]}"
+}
+ac_node() { cat "$AC_DIR/c$1/node" 2>/dev/null || echo "seckill-c$1-$(ac_port "$1")@localhost"; }
+
+# ac_env N: the environment of node N's server and of the CLI that talks to it. The
+# files under $AC_DIR keep the system's /etc/rabbitmq (rabbit@localhost, 5672) away.
+ac_env() {
+  local dir=$AC_DIR/c$1
+  export HOME=$AC_DIR
+  export RABBITMQ_NODENAME
+  RABBITMQ_NODENAME=$(ac_node "$1")
+  export RABBITMQ_DIST_PORT
+  RABBITMQ_DIST_PORT=$(cat "$dir/dist" 2>/dev/null || echo 0)
+  export RABBITMQ_CONF_ENV_FILE=$dir/rabbitmq-env.conf
+  export RABBITMQ_MNESIA_BASE=$dir/mnesia RABBITMQ_LOG_BASE=$dir/log
+  export RABBITMQ_PID_FILE=$dir/rabbitmq.pid RABBITMQ_CONFIG_FILE=$dir/rabbitmq.conf
+  export RABBITMQ_ADVANCED_CONFIG_FILE=$dir/advanced.config
+  export RABBITMQ_ENABLED_PLUGINS_FILE=$AC_DIR/enabled_plugins
+  export ERL_EPMD_ADDRESS=127.0.0.1
+  export RABBITMQ_SCHEDULER_BIND_TYPE=u
+  export RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS="-kernel inet_dist_use_interface {127,0,0,1} +S 1:1 +SDcpu 1:1 +A 4"
+  unset RABBITMQ_NODE_PORT RABBITMQ_NODE_IP_ADDRESS RABBITMQ_ENABLED_PLUGINS RABBITMQ_ERLANG_COOKIE ERL_FLAGS
+}
+
+# ac_ctl N ARGS...: rabbitmqctl against node N (ac_tool N TOOL ARGS...: another CLI).
+ac_tool() {
+  local n=$1 tool=$2
+  shift 2
+  [[ -s $AC_DIR/c$n/node ]] || return 1
+  (ac_env "$n" && cd "$AC_DIR/c$n" && exec "$RMQ_BIN/$tool" -n "$RABBITMQ_NODENAME" "$@")
+}
+ac_ctl() { ac_tool "$1" rabbitmqctl "${@:2}"; }
+
+ac_pid() { # ac_pid N: the pid of node N's VM, or fails
+  local pid
+  pid=$(cat "$AC_DIR/c$1/rabbitmq.pid" 2>/dev/null) || return 1
+  pid_is "$pid" beam || return 1
+  echo "$pid"
+}
+
+ac_amqp_ok() { probe amqp 127.0.0.1 "$(ac_port "$1")" 0; }
+
+# ac_members N: the running cluster members as node N sees them, one a line.
+ac_running_members() {
+  ac_ctl "$1" -q cluster_status --formatter json 2>/dev/null |
+    "$PY" -c 'import json, sys; print("\n".join(json.load(sys.stdin).get("running_nodes", [])))' 2>/dev/null
+}
+ac_disk_members() {
+  ac_ctl "$1" -q cluster_status --formatter json 2>/dev/null |
+    "$PY" -c 'import json, sys; print("\n".join(json.load(sys.stdin).get("disk_nodes", [])))' 2>/dev/null
+}
+
+ac_check_ports() {
+  local ports p seen=" "
+  read -r -a ports <<<"$(ac_ports)"
+  ((${#ports[@]} == 3)) || ac_die "SECKILL_AMQP_CLUSTER_PORTS needs three ports (c1 c2 c3), got '${ports[*]}'"
+  for p in "${ports[@]}"; do
+    if ! [[ $p =~ ^[0-9]+$ ]] || ((p < 1 || p > 65535)); then ac_die "bad port '$p' in '${ports[*]}'"; fi
+    [[ $seen != *" $p "* ]] || ac_die "port $p given twice in '${ports[*]}'"
+    seen+="$p "
+  done
+}
+
+# ac_prepare N: node N's files; its name and distribution port are chosen once.
+ac_prepare() {
+  local n=$1 dir=$AC_DIR/c$1 port dist
+  port=$(ac_port "$n")
+  mkdir -p "$dir/mnesia" "$dir/log"
+  [[ -s $dir/node ]] || echo "seckill-c$n-$port@localhost" >"$dir/node"
+  if [[ ! -s $dir/dist ]]; then
+    dist=$((port - 10000))
+    if ((dist < 1024)) || probe tcp 127.0.0.1 "$dist"; then dist=$(free_port); fi
+    echo "$dist" >"$dir/dist"
+  fi
+  : >"$dir/rabbitmq-env.conf"
+  cat >"$dir/rabbitmq.conf" <<EOF
+# generated by scripts/lib/amqp-cluster.sh (node c$n of the local cluster)
+log.console = false
+listeners.tcp.default = 127.0.0.1:$port
+EOF
+  # New quorum queues get a member on each of the three nodes.
+  printf '%s\n' '%% generated by scripts/lib/amqp-cluster.sh' '[{rabbit, [{quorum_cluster_size, 3}]}].' >"$dir/advanced.config"
+}
+
+ac_cookie() { # the shared Erlang cookie, made once
+  local f=$AC_DIR/.erlang.cookie
+  [[ -s $f ]] && return 0
+  (umask 077 && "$PY" -c 'import secrets, string; print("".join(secrets.choice(string.ascii_uppercase) for _ in range(32)), end="")' >"$f.new")
+  chmod 400 "$f.new"
+  mv "$f.new" "$f"
+}
+
+# ac_spawn N: starts node N's VM in the background (its own session).
+ac_spawn() {
+  local n=$1 dir=$AC_DIR/c$1
+  rm -f "$dir/rabbitmq.pid"
+  (ac_env "$n" && cd "$dir" && exec setsid -w "$RMQ_BIN/rabbitmq-server") >"$dir/log/startup.log" 2>&1 </dev/null &
+  echo $!
+}
+
+# ac_await N WRAPPER_PID: waits until node N's app runs and it answers AMQP.
+ac_await() {
+  local n=$1 wpid=$2 dir=$AC_DIR/c$1 deadline=$((SECONDS + AC_TIMEOUT))
+  until ac_amqp_ok "$n" && ac_ctl "$n" -q await_startup --timeout 10 >/dev/null 2>&1; do
+    if [[ -n $wpid ]] && ! pid_alive "$wpid"; then
+      tail -n 20 "$dir/log/startup.log" | sed 's/^/  | /' >&2
+      ac_die "c$n exited during startup; see $(rel "$dir/log")/"
+    fi
+    ((SECONDS < deadline)) || ac_die "c$n did not answer AMQP on port $(ac_port "$n") within ${AC_TIMEOUT}s; see $(rel "$dir/log")/"
+    sleep 1
+  done
+}
+
+ac_write_config() {
+  local n urls=
+  for n in "${AC_NODES[@]}"; do urls+="${urls:+, }\"amqp://guest:guest@127.0.0.1:$(ac_port "$n")/%2f\""; done
+  cat >"$SVC_DIR/amqp-cluster.toml" <<EOF
+# Engine settings for the local three-node RabbitMQ cluster (scripts/services up
+# --amqp-cluster); use with --config. The URLs name every node of the cluster.
+[amqp]
+urls = [$urls]
+
+[frontstage]
+amqp_urls = [$urls]
+EOF
+}
+
+# ac_cluster_ok: node 1 sees the three nodes running in its cluster.
+ac_cluster_ok() {
+  local members n
+  members=$(ac_running_members 1) || return 1
+  for n in "${AC_NODES[@]}"; do grep -qxF "$(ac_node "$n")" <<<"$members" || return 1; done
+}
+
+ac_up() {
+  local t0 n wpids=() first step log
+  t0=$(now_us)
+  [[ -n ${PY:-} ]] || pick_python
+  [[ -x $RMQ_BIN/rabbitmq-server && -x $RMQ_BIN/rabbitmqctl ]] ||
+    ac_die "$RMQ_BIN/rabbitmq-server not found (Debian package rabbitmq-server)"
+  ac_check_ports
+  mkdir -p "$AC_DIR"
+  [[ -s $AC_DIR/ports ]] || ac_ports >"$AC_DIR/ports"
+  ac_cookie
+  [[ -s $AC_DIR/enabled_plugins ]] || printf '[].\n' >"$AC_DIR/enabled_plugins" # no plugins
+  if ac_amqp_ok 1 && ac_amqp_ok 2 && ac_amqp_ok 3 && ac_cluster_ok; then
+    ac_write_config
+    ac_say amqp-cluster "the three nodes answer and form one cluster; reusing them ($(since "$t0")); settings in $(rel "$SVC_DIR/amqp-cluster.toml")"
+    return 0
+  fi
+  # Start every stopped VM at once: a node that was clustered waits at boot for the
+  # others (whichever stopped last), so one at a time could wait for minutes.
+  for n in "${AC_NODES[@]}"; do
+    ac_prepare "$n"
+    if ac_pid "$n" >/dev/null; then
+      wpids[n]=
+      continue
+    fi
+    if probe tcp 127.0.0.1 "$(ac_port "$n")"; then
+      ac_die "c$n: port $(ac_port "$n") is taken by another process"
+    fi
+    ac_say "c$n" "starting node $(ac_node "$n") on 127.0.0.1:$(ac_port "$n") (distribution port $(cat "$AC_DIR/c$n/dist"), data $(rel "$AC_DIR/c$n"))"
+    wpids[n]=$(ac_spawn "$n")
+  done
+  for n in "${AC_NODES[@]}"; do
+    # A VM that runs without its app (amqp-cluster-ctl N stop_app): start the app.
+    if [[ -z ${wpids[n]} ]] && ! ac_amqp_ok "$n"; then
+      ac_say "c$n" "the VM runs but AMQP does not answer: start_app"
+      ac_ctl "$n" -q start_app >/dev/null 2>&1 || true
+    fi
+    ac_await "$n" "${wpids[n]}"
+  done
+  # Then c2 and c3 join c1's cluster (once: a member stays one across restarts).
+  first=$(ac_node 1)
+  for n in 2 3; do
+    if ac_disk_members "$n" | grep -qxF "$first"; then continue; fi
+    ac_say "c$n" "joining the cluster of $first"
+    # The CLI's output (join_cluster logs errors about tables of the stopped app
+    # even when it succeeds) goes to the node's ctl.log.
+    log=$AC_DIR/c$n/log/ctl.log
+    for step in stop_app "join_cluster $first" start_app; do
+      # shellcheck disable=SC2086 # step is a command and its argument
+      if ! ac_ctl "$n" -q $step >>"$log" 2>&1; then
+        tail -n 20 "$log" | sed 's/^/  | /' >&2
+        ac_die "c$n: rabbitmqctl $step failed; see $(rel "$log")"
+      fi
+    done
+    ac_await "$n" ""
+  done
+  local deadline=$((SECONDS + AC_TIMEOUT))
+  until ac_cluster_ok; do
+    ((SECONDS < deadline)) || ac_die "node 1 does not see the three nodes running after ${AC_TIMEOUT}s"
+    sleep 1
+  done
+  ac_write_config
+  ac_say amqp-cluster "ready in $(since "$t0"): three nodes in one cluster; settings in $(rel "$SVC_DIR/amqp-cluster.toml")"
+  ac_status || true
+}
+
+ac_down() {
+  local n pid
+  # One at a time; a later 'up' starts all three at once, so the order is free.
+  for n in 3 2 1; do
+    pid=$(ac_pid "$n") || continue
+    if ! ac_ctl "$n" -q stop >>"$AC_DIR/c$n/log/ctl.log" 2>&1; then
+      kill -TERM "$pid" 2>/dev/null || true
+    fi
+    if ! wait_pid_gone "$pid" 60; then
+      kill -KILL "$pid" 2>/dev/null || true
+      wait_pid_gone "$pid" 10 || ac_die "c$n: pid $pid does not stop"
+    fi
+    ac_say "c$n" "stopped node $(ac_node "$n") (port $(ac_port "$n"))"
+  done
+}
+
+# ac_status: one line per node; non-zero if any is not serving.
+ac_status() {
+  local n pid line down=0 members="" m
+  [[ -n ${PY:-} ]] || pick_python
+  for m in "${AC_NODES[@]}"; do
+    if ac_pid "$m" >/dev/null && members=$(ac_running_members "$m") && [[ -n $members ]]; then break; fi
+  done
+  for n in "${AC_NODES[@]}"; do
+    if pid=$(ac_pid "$n"); then
+      if ac_amqp_ok "$n"; then line="running, AMQP answering"; else line="VM up, AMQP NOT answering (app stopped?)"; down=1; fi
+      if grep -qxF "$(ac_node "$n")" <<<"$members"; then line+=", a running cluster member"; else line+=", not among the running members"; fi
+      line+=" (pid $pid)"
+    else
+      line="down"
+      down=1
+    fi
+    printf '%-13s %-26s 127.0.0.1:%-6s %s\n' "amqp-cluster:" "$(ac_node "$n")" "$(ac_port "$n")" "$line"
+  done
+  return "$down"
+}
+
+# ac_ctl_cmd N ARGS...: `scripts/services amqp-cluster-ctl N ARGS...`.
+ac_ctl_cmd() {
+  local n=${1:-} rc=0
+  [[ $n =~ ^[123]$ ]] || ac_die "usage: scripts/services amqp-cluster-ctl N ARGS... (N: 1, 2 or 3)"
+  shift
+  [[ -s $AC_DIR/c$n/node ]] || ac_die "no node c$n under $(rel "$AC_DIR"); run 'scripts/services up --amqp-cluster'"
+  printf 'amqp-cluster: rabbitmqctl %s on node c%s (%s, port %s)\n' "$*" "$n" "$(ac_node "$n")" "$(ac_port "$n")" >&2
+  ac_ctl "$n" "$@" || rc=$?
+  if ((rc == 0)); then
+    printf 'amqp-cluster: done: rabbitmqctl %s on node c%s\n' "$*" "$n" >&2
+  else
+    printf 'amqp-cluster: error: rabbitmqctl %s on node c%s failed (exit %s)\n' "$*" "$n" "$rc" >&2
+  fi
+  return "$rc"
+}
