@@ -128,22 +128,27 @@ impl Service for ReadinessMonitor {
         let inner = self.inner.clone();
         Box::pin(async move {
             let found = inner.check().await;
-            let (postgres_up, redis_up) = (found.postgres.is_none(), found.redis.is_none());
-            let ready = postgres_up && redis_up;
-            let postgres = found.postgres.clone();
-            let changed = inner.readiness.record_checks(found).postgres != postgres;
+            // PostgreSQL alone decides every order: Redis down stops the front
+            // stage's reservations, never the intakes (docs/DESIGN.md, "Readiness").
+            let ready = found.postgres.is_none();
+            let (postgres, redis) = (found.postgres.clone(), found.redis.clone());
+            let before = inner.readiness.record_checks(found);
             let was = inner.readiness.set_ready(ready);
             metrics::gauge!(crate::telemetry::names::READY).set(if ready { 1.0 } else { 0.0 });
-            if was != ready || changed {
+            if was != ready || before.postgres != postgres {
                 if ready {
-                    tracing::info!("dependencies answer again; intakes resume consuming");
+                    tracing::info!("the database answers again; intakes resume consuming");
                 } else {
-                    tracing::warn!(
-                        postgres_up,
-                        postgres,
-                        redis_up,
-                        "not ready; intakes stop consuming"
-                    );
+                    tracing::warn!(postgres, "not ready; intakes stop consuming");
+                }
+            }
+            if before.redis.is_none() != redis.is_none() {
+                match &redis {
+                    Some(why) => tracing::warn!(
+                        redis = %why,
+                        "Redis does not answer; intakes keep consuming, give-backs wait as compensation tasks, the front stage cannot reserve"
+                    ),
+                    None => tracing::info!("Redis answers again"),
                 }
             }
             Ok(Outcome::default().count("transitions", u64::from(was != ready)))

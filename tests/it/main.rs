@@ -15,6 +15,7 @@ mod group_commit;
 mod ha;
 mod health;
 mod live_page;
+mod outages;
 mod pipeline;
 mod pool;
 mod roles;
