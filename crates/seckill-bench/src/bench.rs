@@ -20,6 +20,7 @@ use rand::Rng;
 use serde::Serialize;
 use uuid::Uuid;
 
+use crate::crowd::{self, CrowdReport};
 use crate::{cpu, stalls};
 pub use cpu::CpuUse;
 pub use stalls::HostStalls;
@@ -84,10 +85,23 @@ pub struct BenchArgs {
     /// and report the engine's figure as a ratio of it.
     #[arg(long)]
     pub pgbench_seconds: Option<u64>,
-    /// amqp mode: publish at this many messages per second instead of all at once
-    /// (latency at a given load rather than behind a backlog).
+    /// Publish (amqp mode) or send reservations (http mode) at this many per
+    /// second instead of all at once (latency at a given load rather than behind a
+    /// backlog; a sale that lasts while `--slow-clients` attack it).
     #[arg(long)]
     pub rate: Option<u32>,
+    /// http mode: this many connections beside the sale that trickle a reservation
+    /// body one byte per `--trickle-ms`, each opened again once the server closes
+    /// it (a slowloris attack, `crowd`), while `/readyz` is probed every 250 ms.
+    #[arg(long, default_value_t = 0)]
+    pub slow_clients: usize,
+    /// http mode: this many idle keep-alive connections beside the sale, each
+    /// opened again once the server closes it.
+    #[arg(long, default_value_t = 0)]
+    pub idle_clients: usize,
+    /// Milliseconds between two bytes of a slow client's body.
+    #[arg(long, default_value_t = 10_000)]
+    pub trickle_ms: u64,
     /// The engine's Prometheus endpoint, read before and after the run for the
     /// reservation → commit latency (default: http://{admin.addr}/metrics). With
     /// several engines, only the one it names is counted.
@@ -158,6 +172,10 @@ pub struct Report {
     /// transaction, and `--pgbench-batch` orders per transaction.
     pub baseline: Option<Baseline>,
     pub batched_baseline: Option<Baseline>,
+    /// The hostile crowd's account, with `--slow-clients` or `--idle-clients`.
+    pub crowd: Option<CrowdReport>,
+    /// The longest time between two consecutive orders of the sale.
+    pub max_order_gap_ms: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -277,6 +295,15 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
             .context("--credentials-out needs --mode http")?;
         write_credentials(path, &buyers.credentials)?;
     }
+    let crowd = match &buyers {
+        Some(buyers) if args.slow_clients + args.idle_clients > 0 => {
+            Some(start_crowd(settings, &args, buyers, activity_id, &metrics_url).await?)
+        }
+        None if args.slow_clients + args.idle_clients > 0 => {
+            bail!("--slow-clients and --idle-clients need --mode http")
+        }
+        _ => None,
+    };
     let metrics_before = scrape(&metrics_url).await;
     let cpu_before = cpu::Reading::take();
     let probe = stalls::Probe::start();
@@ -314,6 +341,10 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
     }
     spinner.finish_and_clear();
     let settle_seconds = started.elapsed().as_secs_f64();
+    let crowd = match crowd {
+        Some(crowd) => Some(crowd.finish().await),
+        None => None,
+    };
     let cpu_after = cpu::Reading::take();
     let host_stalls = probe.and_then(stalls::Probe::finish);
     let (commit_latency, intake_age) = match (metrics_before, scrape(&metrics_url).await) {
@@ -366,7 +397,13 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
     // Messages the broker refused never reached the engine: such a run measured less
     // than it was asked to, whatever its checks say.
     let refused = responses.get(PUBLISH_FAILED).copied().unwrap_or(0);
-    let passed = oversold == 0 && refused == 0 && checks_run.iter().all(|c| c.ok());
+    let max_order_gap_ms: Option<f64> = db.query_one(ORDER_GAP, &[&activity_id]).await?.get(0);
+    // Under attack, the door held: readiness answered throughout, and orders were
+    // made throughout (no pause of 2 s or more between two of them).
+    let held = crowd
+        .as_ref()
+        .is_none_or(|c| c.readyz_failed == 0 && max_order_gap_ms.is_none_or(|gap| gap < 2_000.0));
+    let passed = oversold == 0 && refused == 0 && held && checks_run.iter().all(|c| c.ok());
     let window = last_order.unwrap_or(drive_seconds).max(1e-3);
     let report = Report {
         mode: args.mode,
@@ -403,6 +440,8 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
         passed,
         baseline: None,
         batched_baseline: None,
+        crowd,
+        max_order_gap_ms,
     };
     let engine = sold as f64 / window;
     let [single, batched] = [baselines[0], baselines[1]].map(|b| {
@@ -721,6 +760,75 @@ async fn prepare_http(
     })
 }
 
+/// The crowd beside an http run: its slow clients sign in as users who are not
+/// buyers, the front stage's address is the run's, `/readyz` is beside the
+/// metrics. It gets two seconds to gather before the sale starts.
+async fn start_crowd(
+    settings: &Settings,
+    args: &BenchArgs,
+    buyers: &HttpBuyers,
+    activity_id: i64,
+    metrics_url: &str,
+) -> anyhow::Result<crowd::Crowd> {
+    raise_open_files(args.slow_clients + args.idle_clients);
+    let base = buyers.url.split("/v1/").next().unwrap_or_default();
+    let front = base
+        .trim_start_matches("http://")
+        .to_socket_addrs_first()
+        .context("the front stage's address (--url)")?;
+    let secret = settings
+        .frontstage
+        .auth
+        .hs256_secret
+        .clone()
+        .context("the crowd signs in like buyers: frontstage.auth.hs256_secret")?;
+    let bearers = (0..args.slow_clients.clamp(1, 5_000))
+        .map(|i| {
+            seckill_engine::http::auth::issue_hs256(
+                &secret,
+                900_000_000 + i as i64,
+                Duration::from_secs(3_600),
+            )
+            .map(|t| format!("Bearer {t}"))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    let target = crowd::Target {
+        front,
+        path: format!("/v1/activities/{activity_id}/skus/1/reservations"),
+        bearers,
+        readyz: metrics_url.replace("/metrics", "/readyz"),
+        trickle: Duration::from_millis(args.trickle_ms.max(1)),
+    };
+    let crowd = crowd::Crowd::start(target, args.slow_clients, args.idle_clients);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    Ok(crowd)
+}
+
+/// The crowd needs a descriptor per connection: the soft limit goes up to the hard
+/// one (as the engine does), and says so if that is still short.
+fn raise_open_files(connections: usize) {
+    use rustix::process::{getrlimit, setrlimit, Resource};
+    let limit = getrlimit(Resource::Nofile);
+    let mut raised = limit;
+    raised.current = limit.maximum;
+    let _ = setrlimit(Resource::Nofile, raised);
+    let now = getrlimit(Resource::Nofile).current.unwrap_or(u64::MAX);
+    if now < connections as u64 + 256 {
+        println!("bench: only {now} open files allowed; the crowd of {connections} will see connect errors");
+    }
+}
+
+trait FirstAddr {
+    fn to_socket_addrs_first(&self) -> Option<std::net::SocketAddr>;
+}
+
+impl FirstAddr for str {
+    fn to_socket_addrs_first(&self) -> Option<std::net::SocketAddr> {
+        use std::net::ToSocketAddrs;
+        self.trim_end_matches('/').to_socket_addrs().ok()?.next()
+    }
+}
+
 /// Returns the response counts and how many reservations reached the queue.
 async fn drive_http(
     args: &BenchArgs,
@@ -734,10 +842,16 @@ async fn drive_http(
     let bar = ProgressBar::new(users.len() as u64);
     bar.set_style(bar_style("buyers"));
     let client = HttpClient::new(Duration::from_secs(30));
-    let statuses: Vec<String> = stream::iter(users)
-        .map(|user| {
+    let rate = args.rate.filter(|r| *r > 0).map(f64::from);
+    let start = tokio::time::Instant::now();
+    let statuses: Vec<String> = stream::iter(users.into_iter().enumerate())
+        .map(|(k, user)| {
             let (client, url, bar, credentials) = (&client, &url, &bar, &credentials);
             async move {
+                if let Some(rate) = rate {
+                    tokio::time::sleep_until(start + Duration::from_secs_f64(k as f64 / rate))
+                        .await;
+                }
                 let body = serde_json::json!({"request_id": Uuid::now_v7()});
                 let Some((bearer, purchase)) = credentials.get(&user) else {
                     bar.inc(1);
@@ -992,6 +1106,19 @@ fn print_report(r: &Report) {
             s.over_50ms, s.in_host_stalls
         );
     }
+    if let Some(c) = &r.crowd {
+        println!(
+            "  crowd              {} slow + {} idle connections: {} opened, {} closed by the server, {} connects failed, {} bytes trickled",
+            c.slow_clients, c.idle_clients, c.opened, c.closed_by_server, c.connect_errors, c.trickled_bytes
+        );
+        println!(
+            "  /readyz            {} probes, {} without a 200 within 1 s, slowest {:.0} ms",
+            c.readyz_probes, c.readyz_failed, c.readyz_max_ms
+        );
+    }
+    if let Some(gap) = r.max_order_gap_ms {
+        println!("  longest order gap  {gap:.0} ms");
+    }
     println!("  responses:");
     for (k, v) in &r.responses {
         println!("    {k:<28} {v}");
@@ -1034,6 +1161,12 @@ FROM (SELECT r.redis_reserved_at AS reserved,
       FROM orders AS o
       JOIN inventory_reservation AS r ON r.reservation_id = o.reservation_id
       WHERE o.activity_id = $1) AS t";
+
+/// The longest time between two consecutive orders of the sale, in ms.
+const ORDER_GAP: &str = "
+SELECT (max(gap) * 1000)::float8
+FROM (SELECT extract(epoch FROM created_at - lag(created_at) OVER (ORDER BY created_at)) AS gap
+      FROM orders WHERE activity_id = $1) g";
 
 const OUTCOMES: &str = "
 SELECT c.result_code, count(*)

@@ -5,6 +5,7 @@
 
 mod bench;
 mod cpu;
+mod crowd;
 mod http_client;
 mod stalls;
 

@@ -213,3 +213,84 @@ async fn bench_amqp_checks_its_queues_and_waits_only_for_what_the_broker_took() 
     seckill_engine::mq::close(&amqp, &[&channel]).await;
     env.cleanup().await;
 }
+
+/// Issue 49, "one failure cannot travel": a crowd of slow-body and idle keep-alive
+/// connections, more than the engine's process may hold open (`prlimit` lowers its
+/// descriptors to 512), beside a paced HTTP sale. Every unit sells, orders are made
+/// throughout (no gap of 2 s), `/readyz` answers 200 within 1 s on every probe, and
+/// the deadlines cut every crowd connection at least once.
+#[actix_rt::test]
+async fn a_crowd_beyond_the_descriptor_limit_cannot_stop_a_sale() {
+    let env = common::TestEnv::new().await;
+    let (http, admin) = (common::free_port(), common::free_port());
+    let mut cmd = Command::new("prlimit");
+    cmd.args(["--nofile=512:512", "--"])
+        .arg(common::process::engine_binary())
+        .env("RUST_LOG", "warn")
+        .env(
+            "SECKILL__FRONTSTAGE__PURCHASE_TOKEN__SECRET",
+            common::TEST_PURCHASE_SECRET,
+        );
+    env_of(&mut cmd, &env)
+        .env("SECKILL__HTTP__ADDR", format!("127.0.0.1:{http}"))
+        .env("SECKILL__ADMIN__ADDR", format!("127.0.0.1:{admin}"))
+        .env("SECKILL__FRONTSTAGE__RATE_LIMIT__PER_ADDRESS_PER_S", "0")
+        .env("SECKILL__FRONTSTAGE__LIMITS__HEADER_READ_MS", "1000")
+        .env("SECKILL__FRONTSTAGE__LIMITS__BODY_READ_MS", "1000")
+        .env("SECKILL__FRONTSTAGE__LIMITS__KEEP_ALIVE_MS", "2000");
+    let (serve, ready) = common::process::Serve::start(&mut cmd, "engine ready").await;
+    assert!(ready, "serve never got ready: {}", serve.logged());
+    let json = std::env::temp_dir().join(format!("seckill-crowd-{}.json", uuid::Uuid::new_v4()));
+    let mut bench = bench_cmd();
+    env_of(&mut bench, &env)
+        .args([
+            "--mode",
+            "http",
+            "--stock",
+            "300",
+            "--buckets",
+            "4",
+            "--buyers",
+            "300",
+            "--duplicate-ratio",
+            "0",
+            "--concurrency",
+            "32",
+            "--rate",
+            "60",
+            "--slow-clients",
+            "500",
+            "--idle-clients",
+            "200",
+            "--trickle-ms",
+            "400",
+        ])
+        .arg("--url")
+        .arg(format!("http://127.0.0.1:{http}"))
+        .arg("--metrics-url")
+        .arg(format!("http://127.0.0.1:{admin}/metrics"))
+        .arg("--json")
+        .arg(&json);
+    let out = tokio::task::spawn_blocking(move || run(&mut bench))
+        .await
+        .unwrap();
+    let (_, logged) = serve.terminate().await;
+    assert!(out.ok, "{}\n{logged}", out.text);
+    assert!(out.text.contains("result: PASS"), "{}", out.text);
+    let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let _ = std::fs::remove_file(&json);
+    assert_eq!(report["sold"], 300, "{report}");
+    let crowd = &report["crowd"];
+    assert_eq!(crowd["readyz_failed"], 0, "{crowd}");
+    assert!(crowd["readyz_probes"].as_u64().unwrap() >= 10, "{crowd}");
+    assert!(
+        crowd["closed_by_server"].as_u64().unwrap() >= 700,
+        "the deadlines cut each crowd connection at least once: {crowd}"
+    );
+    assert!(
+        report["max_order_gap_ms"].as_f64().unwrap() < 2_000.0,
+        "{report}"
+    );
+    assert!(!logged.contains("Too many open files"), "{logged}");
+    env.cleanup().await;
+}
