@@ -55,3 +55,105 @@ async fn every_queued_order_is_made_while_redis_is_down() {
     crate::common::assert_invariants(&db).await;
     env.cleanup().await;
 }
+
+/// Issue 49, "one failure cannot travel": Redis gone silent (a network black hole:
+/// no reset, no answer) under a front stage that buyers keep calling. Their
+/// purchase-token requests wait on Redis and fail on its timeout, while the
+/// engine's intakes make every queued order and `/readyz` answers within a second
+/// each time, PostgreSQL and the broker "ok" (the front stage's own check says its
+/// buyers cannot be served).
+#[actix_rt::test]
+async fn a_silent_redis_under_the_front_stage_stops_neither_orders_nor_readiness() {
+    let redis_url = crate::common::base_settings().redis.url;
+    let switch = crate::common::Switch::start(crate::common::target_of(
+        secrecy::ExposeSecret::expose_secret(&redis_url),
+        6379,
+    ))
+    .await;
+    let (env, db) = Sale::new()
+        .set(
+            "redis.url",
+            switch.url_through(secrecy::ExposeSecret::expose_secret(&redis_url)),
+        )
+        .set("frontstage.rate_limit.per_address_per_s", 0)
+        .activity(4902, 600, 4)
+        .open()
+        .await;
+    let engine = EngineHandle::start(&env.settings).await;
+    let admin = engine.admin(&env.settings).await;
+    let admin_handle = admin.server.handle();
+    actix_rt::spawn(admin.server);
+    let (front, front_handle) = crate::front_client::Front::serve(
+        &env.settings,
+        engine.ids.clone(),
+        engine.readiness.clone(),
+    )
+    .await;
+    switch.black_hole();
+
+    // Buyers at the door the whole time, each waiting on Redis.
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let buyers = {
+        let stop = stop.clone();
+        let front = &front;
+        async move {
+            let mut answered = 0_u32;
+            let mut user = 10_000;
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let path = "/v1/activities/4902/skus/1/purchase-token";
+                let batch = futures_util::future::join_all(
+                    (0..50).map(|i| front.get(path, Some(user + i))),
+                )
+                .await;
+                assert!(batch.iter().all(|(status, _)| *status != 200), "{batch:?}");
+                answered += batch.len() as u32;
+                user += 50;
+            }
+            answered
+        }
+    };
+    // Meanwhile: queued orders, and readiness probed every 250 ms.
+    let work = async {
+        let msgs: Vec<_> = (1..=600)
+            .map(|user| builders::order(4902, 1, user, (user % 4) as i16))
+            .collect();
+        let amqp = env.amqp().await;
+        builders::publish(&env, &amqp, &msgs).await;
+        let client = awc::Client::default();
+        let readyz = format!("http://{}/readyz", admin.addr);
+        let started = Instant::now();
+        let mut slowest = Duration::ZERO;
+        let made = loop {
+            let asked = Instant::now();
+            let answer = tokio::time::timeout(Duration::from_secs(1), async {
+                let mut res = client.get(&readyz).send().await.ok()?;
+                res.json::<serde_json::Value>().await.ok()
+            })
+            .await;
+            let took = asked.elapsed();
+            slowest = slowest.max(took);
+            let Ok(Some(body)) = answer else {
+                panic!("/readyz did not answer within 1 s ({took:?})");
+            };
+            assert_eq!(body["checks"]["postgres"], "ok", "{body}");
+            assert_eq!(body["checks"]["rabbitmq"], "ok", "{body}");
+            let made = count(&db, "SELECT count(*) FROM orders").await;
+            if made == 600 || started.elapsed() > Duration::from_secs(30) {
+                break made;
+            }
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        };
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        let _ = amqp.close(200, "done".into()).await;
+        (made, slowest)
+    };
+    let (answered, (made, slowest)) = futures_util::join!(buyers, work);
+    assert_eq!(made, 600, "orders made with Redis silent");
+    assert!(answered > 0);
+    assert!(slowest < Duration::from_secs(1), "{slowest:?}");
+    switch.set(true);
+    front_handle.stop(true).await;
+    admin_handle.stop(true).await;
+    engine.stop().await;
+    env.cleanup().await;
+}

@@ -223,6 +223,23 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
     if args.stock < 0 || args.buyers == 0 || args.concurrency == 0 {
         bail!("--stock must be >= 0, --buyers and --concurrency > 0");
     }
+    // Purchase tokens are fetched before the clock starts: a paced run longer than
+    // their lifetime would see its last buyers refused (403) for a setting, not for
+    // anything the sale did.
+    let tokens = &settings.frontstage.purchase_token;
+    if let (Mode::Http, Some(rate), true) =
+        (args.mode, args.rate.filter(|r| *r > 0), tokens.required)
+    {
+        let requests = f64::from(args.buyers) * (1.0 + args.duplicate_ratio);
+        let lasts = (requests / f64::from(rate)).ceil() as u64;
+        if lasts + 5 > tokens.ttl_secs {
+            bail!(
+                "--rate {rate} makes the drive last about {lasts} s, and purchase tokens expire after frontstage.purchase_token.ttl_secs = {} s: set SECKILL__FRONTSTAGE__PURCHASE_TOKEN__TTL_SECS to at least {} for the engine and the bench",
+                tokens.ttl_secs,
+                lasts + 30
+            );
+        }
+    }
     let activity_id = args
         .activity
         .unwrap_or_else(|| Utc::now().timestamp_millis());
