@@ -242,8 +242,16 @@ async fn check_postgres(pool: &Pool, settings: &Settings) -> Result<Option<Strin
     }
     // What an acknowledged order's durability rests on (seed §14.3).
     let state = primary::primary_state(&conn.client).await?;
+    // What other clients of this database get: said, then overridden (the engine's
+    // sessions commit with on, `store::target`). Not knowing it stops nothing.
+    let default = match primary::default_synchronous_commit(&settings.database).await {
+        Ok(default) => primary::durability_note(&default)
+            .unwrap_or_else(|| "synchronous_commit = on by default here too".to_owned()),
+        Err(e) => format!("the default synchronous_commit could not be read: {e}"),
+    };
     tracing::info!(
         durability = %state.describe(),
+        default = %default,
         require_sync_standby = settings.database.require_sync_standby,
         "connected to the primary"
     );

@@ -22,6 +22,7 @@ pub async fn run(settings: &Settings, config_file: Option<&Path>) -> anyhow::Res
         }
     };
     report("postgres", "database.url", postgres(settings).await);
+    report("durability", "database.url", durability(settings).await);
     report("rabbitmq", "amqp.url", rabbitmq(settings).await);
     report("redis", "redis.url", redis(settings).await);
     report(
@@ -59,6 +60,18 @@ async fn postgres(settings: &Settings) -> Result<String, String> {
         None => Ok(format!("reachable, schema current; {}", state.describe())),
         Some(problem) => Err(format!("reachable, schema current, but {problem}")),
     }
+}
+
+/// The `synchronous_commit` this role and database default to, and that the engine
+/// commits with `on` anyway (seed §14.2): a weaker default is named, not refused.
+async fn durability(settings: &Settings) -> Result<String, String> {
+    let default = store::primary::default_synchronous_commit(&settings.database)
+        .await
+        .map_err(why)?;
+    Ok(store::primary::durability_note(&default).unwrap_or_else(|| {
+        "synchronous_commit = on by default here, and the engine sets it for its transactions too"
+            .to_owned()
+    }))
 }
 
 /// The broker accepts a connection.

@@ -50,6 +50,36 @@ pub async fn primary_state(client: &Client) -> Result<PrimaryState, StoreError> 
     })
 }
 
+/// The `synchronous_commit` this role gets in this database when it asks for nothing
+/// (server, database and role defaults, and the URL's own options): what any
+/// other client of the database commits with. The engine overrides it
+/// (`target::SESSION_OPTIONS`); `validate` and `serve` say what it is.
+pub async fn default_synchronous_commit(
+    settings: &crate::config::DatabaseSettings,
+) -> Result<String, StoreError> {
+    let client = super::connect(&super::admin_pg_config(settings)?).await?;
+    let row = client
+        .query_one("SELECT current_setting('synchronous_commit')", &[])
+        .await?;
+    Ok(row.get(0))
+}
+
+/// What the default `synchronous_commit` would mean without the engine's `on`, for
+/// `validate` and the start-up log; `None` when it is `on` already.
+pub fn durability_note(default: &str) -> Option<String> {
+    let meaning = match default {
+        "on" => return None,
+        "off" => "a COMMIT would return before its WAL is flushed: an acknowledged order could vanish in a crash",
+        "local" => "a COMMIT would not wait for a synchronous standby: a fail-over could lose an acknowledged order",
+        "remote_write" => "a COMMIT would wait only until a standby has written, not flushed, its WAL: a standby crash with the primary's could lose an acknowledged order",
+        "remote_apply" => "a COMMIT would also wait for the standby to apply it (stronger than on, and slower)",
+        _ => "an unknown level",
+    };
+    Some(format!(
+        "the default here is synchronous_commit = {default}: {meaning}; the engine commits with on, whatever the default"
+    ))
+}
+
 /// The readiness check's answer when the server cannot take orders now.
 pub const NO_WRITABLE_PRIMARY: &str = "no writable primary";
 pub const WAITING_FOR_STANDBY: &str = "waiting for synchronous standby";
@@ -120,6 +150,19 @@ mod tests {
     }
 
     const STALL: Duration = Duration::from_millis(2000);
+
+    #[test]
+    fn every_weaker_default_is_named_and_on_is_quiet() {
+        assert_eq!(durability_note("on"), None);
+        for level in ["off", "local", "remote_write", "remote_apply"] {
+            let note = durability_note(level).unwrap();
+            assert!(
+                note.contains(&format!("synchronous_commit = {level}")),
+                "{note}"
+            );
+            assert!(note.contains("the engine commits with on"), "{note}");
+        }
+    }
 
     #[test]
     fn a_primary_with_a_sync_standby_is_fine() {

@@ -11,12 +11,20 @@ use crate::config::{DatabaseSettings, PgUrl};
 use crate::tls::{PgTls, TlsFiles};
 
 /// Parses the configured URL and points the session at the `seckill` schema, so the
-/// SQL in this module can name tables without a schema prefix.
+/// SQL in this module can name tables without a schema prefix. Every such session
+/// commits with `synchronous_commit = on`, whatever the server, database or role
+/// default (a startup option outranks all three): an order, its inbox row, its
+/// outbox event, a payment or a compensation task is acknowledged only once it is
+/// flushed, and on a synchronous standby when one is configured (seed §14.2;
+/// docs/DESIGN.md, "Durability"). The order transaction sets it again, locally.
 pub fn pg_config(settings: &DatabaseSettings) -> Result<PgTarget, StoreError> {
     let mut config = admin_pg_config(settings)?;
-    config.options("-c search_path=seckill,public");
+    config.options(SESSION_OPTIONS);
     Ok(config)
 }
+
+/// The engine's session settings (`pg_config`).
+pub const SESSION_OPTIONS: &str = "-c search_path=seckill,public -c synchronous_commit=on";
 
 /// The configured URL with the server's default search_path, for migrations: refinery
 /// keeps its history table in `public` and must find it there on every run.

@@ -51,10 +51,31 @@ async fn migrate_creates_the_database_and_is_idempotent() {
     assert!(valid.ok, "{}", valid.text);
     assert_eq!(
         valid.text.lines().filter(|l| l.starts_with("ok")).count(),
-        5,
+        6,
         "{}",
         valid.text
     );
+
+    // A database whose default would lose acknowledged commits: said by name, with
+    // the engine's override, and not a failure (the engine is safe on it).
+    let admin = seckill_engine::store::connect(&crate::common::admin_config())
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!(
+            "ALTER DATABASE {name} SET synchronous_commit = off"
+        ))
+        .await
+        .unwrap();
+    let off = run(engine().env("SECKILL__DATABASE__URL", &url).arg("validate"));
+    assert!(off.ok, "{}", off.text);
+    let line = off
+        .text
+        .lines()
+        .find(|l| l.contains("durability"))
+        .unwrap_or_else(|| panic!("no durability line: {}", off.text));
+    assert!(line.contains("synchronous_commit = off"), "{line}");
+    assert!(line.contains("the engine commits with on"), "{line}");
     drop_database(&name).await;
 }
 

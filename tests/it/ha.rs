@@ -338,6 +338,65 @@ async fn without_a_synchronous_standby_intake_stops_and_resumes_when_one_is_back
     env.cleanup().await;
 }
 
+/// Issue 48: durability is pinned, not assumed. The database's default is
+/// `synchronous_commit = local` (its COMMITs would not wait for a standby) and the
+/// synchronous standbys are stopped: the engine's COMMITs wait anyway, intake pauses
+/// with "waiting for synchronous standby", and not one message is acked; once a
+/// standby is back every order is made once.
+#[actix_rt::test]
+async fn with_a_database_default_of_local_no_order_is_acked_without_the_standby() {
+    let cluster = HaCluster::start(true).await;
+    let env = ha_env(&cluster, |f| f).await;
+    let mut db = primary_client(&env).await.expect("primary");
+    db.batch_execute("ALTER DATABASE seckill SET synchronous_commit = local")
+        .await
+        .unwrap();
+    builders::activity(&mut db, 2, 1, 1_000, 1).await;
+    let default = primary::default_synchronous_commit(&env.settings.database)
+        .await
+        .unwrap();
+    assert_eq!(default, "local");
+    let note = primary::durability_note(&default).unwrap();
+    assert!(note.contains("the engine commits with on"), "{note}");
+    let engine = EngineHandle::start(&env.settings).await;
+    let amqp = env.amqp().await;
+
+    cluster.failover(&["stop", "pg1"]).await;
+    cluster.failover(&["stop", "pg2"]).await;
+    let msgs: Vec<_> = (1..=50).map(|u| order(2, 1, u, 0)).collect();
+    builders::publish(&env, &amqp, &msgs).await;
+    let paused = wait_until(Duration::from_secs(20), || async {
+        engine
+            .readiness
+            .postgres_problem()
+            .is_some_and(|p| p.starts_with(primary::WAITING_FOR_STANDBY))
+    })
+    .await;
+    assert!(
+        paused,
+        "no stalled COMMIT reported: {:?}",
+        engine.readiness.postgres_problem()
+    );
+    check_during(
+        Duration::from_secs(1),
+        Duration::from_millis(100),
+        || async {
+            assert_eq!(engine.stats.acks().messages(), 0, "an order was acked");
+        },
+    )
+    .await;
+
+    cluster.failover(&["start", "pg1"]).await;
+    let acked = wait_until(settle(), || async { engine.stats.acks().messages() == 50 }).await;
+    assert!(acked, "{} of 50 acked", engine.stats.acks().messages());
+    engine.stop().await;
+    assert_eq!(queues_left(&env).await, (0, 0));
+    let db = primary_client(&env).await.expect("primary");
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 50);
+    assert_invariants(&db).await;
+    env.cleanup().await;
+}
+
 /// A COMMIT waiting for a synchronous standby that is cancelled (`pg_cancel_backend`,
 /// as an operator or a pooler does to "stuck" sessions) is answered as a success
 /// with only a warning: committed locally, maybe not replicated. The engine must not

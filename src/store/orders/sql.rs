@@ -39,11 +39,14 @@ WHERE i.activity_id = $1 AND i.sku_id = $2 AND i.bucket_no = $3";
 /// table that grows by thousands of rows a second. The order transaction touches at
 /// most a batch of rows, each by key, so it rules out sequential scans and hash and
 /// merge joins: a batch joins its array to a table by probing a unique index, at any
-/// table size (docs/BENCHMARKS.md).
+/// table size (docs/BENCHMARKS.md). And `synchronous_commit = on`, locally: the
+/// session already has it (`store::target`), and no default or session `SET` of
+/// anyone's may weaken the transaction whose COMMIT acks an order (seed §14.2).
 pub(super) const SET_TX_SETTINGS: &str = "
 SELECT set_config('lock_timeout', $1, true), set_config('statement_timeout', $2, true),
        set_config('enable_seqscan', 'off', true), set_config('enable_hashjoin', 'off', true),
-       set_config('enable_mergejoin', 'off', true)";
+       set_config('enable_mergejoin', 'off', true),
+       set_config('synchronous_commit', 'on', true)";
 
 pub(super) const INSERT_RESERVATION: &str = "
 INSERT INTO inventory_reservation (
