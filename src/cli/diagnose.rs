@@ -24,6 +24,7 @@ pub async fn run(settings: &Settings) -> anyhow::Result<ExitCode> {
     print_blocked(&d.blocked);
     print_tables(&d.tables);
     print_replication(d.standbys.as_deref());
+    print_wal_archiving(store::wal::wal_archiving(&client).await.as_ref());
     print_backlog(settings).await?;
     print_dead_letters(settings).await;
     Ok(ExitCode::SUCCESS)
@@ -133,6 +134,34 @@ fn print_replication(standbys: Option<&[Standby]>) {
 }
 
 /// The outbox and compensation backlog, as the gauges read it.
+/// The archiver and the checkpoints: a failing archive keeps WAL on the primary's
+/// disk until it fills (docs/OPERATIONS.md, "WAL archive failing").
+fn print_wal_archiving(w: Result<&store::wal::WalArchiving, &tokio_postgres::Error>) {
+    let w = match w {
+        Ok(w) => w,
+        Err(e) => return println!("wal archive: unknown ({e})"),
+    };
+    let ago = |s: Option<f64>| s.map_or_else(|| "never".to_owned(), |s| format!("{s:.0} s ago"));
+    if !w.enabled {
+        println!("wal archive: off (archive_mode)");
+    } else {
+        println!(
+            "wal archive: {}; {} archived, last {}; {} failed, last {}; {} segments waiting",
+            if w.failing { "FAILING" } else { "ok" },
+            w.archived,
+            ago(w.since_success_seconds),
+            w.failed,
+            ago(w.since_failure_seconds),
+            w.segments_waiting
+                .map_or_else(|| "unknown".to_owned(), |n| n.to_string()),
+        );
+    }
+    println!(
+        "checkpoints: {} timed, {} requested (many requested: max_wal_size is small for this WAL rate)",
+        w.checkpoints_timed, w.checkpoints_requested
+    );
+}
+
 async fn print_backlog(settings: &Settings) -> anyhow::Result<()> {
     let pool = {
         let mut db = settings.database.clone();

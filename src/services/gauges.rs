@@ -130,6 +130,7 @@ impl Inner {
         metrics::counter!(crate::telemetry::names::DB_DEADLOCKS_TOTAL)
             .absolute(u64::try_from(stats.deadlocks).unwrap_or(0));
         metrics::gauge!(crate::telemetry::names::DB_WAL_BYTES).set(stats.wal_bytes as f64);
+        record_wal_archiving(&crate::store::wal::wal_archiving(client).await?);
 
         let tables = health::tables(client).await?;
         let table = |t: &crate::store::diagnose::TableHealth| vec![("table", t.table.clone())];
@@ -232,4 +233,25 @@ impl Service for GaugeSampler {
             Ok(Outcome::default())
         })
     }
+}
+
+/// The archiver's and checkpointer's figures (`store::wal`), for the alerts on a
+/// failing archive and on checkpoints forced by WAL volume.
+fn record_wal_archiving(w: &crate::store::wal::WalArchiving) {
+    use crate::telemetry::names;
+    let flag = |on: bool| if on { 1.0 } else { 0.0 };
+    let count = |n: i64| u64::try_from(n).unwrap_or(0);
+    metrics::gauge!(names::DB_WAL_ARCHIVE_ENABLED).set(flag(w.enabled));
+    metrics::counter!(names::DB_WAL_ARCHIVED_TOTAL).absolute(count(w.archived));
+    metrics::counter!(names::DB_WAL_ARCHIVE_FAILED_TOTAL).absolute(count(w.failed));
+    metrics::gauge!(names::DB_WAL_ARCHIVE_FAILING).set(flag(w.enabled && w.failing));
+    if let Some(age) = w.since_success_seconds {
+        metrics::gauge!(names::DB_WAL_ARCHIVE_LAST_SUCCESS_AGE_SECONDS).set(age);
+    }
+    if let Some(waiting) = w.segments_waiting {
+        metrics::gauge!(names::DB_WAL_SEGMENTS_WAITING).set(waiting as f64);
+    }
+    metrics::counter!(names::DB_CHECKPOINTS_TIMED_TOTAL).absolute(count(w.checkpoints_timed));
+    metrics::counter!(names::DB_CHECKPOINTS_REQUESTED_TOTAL)
+        .absolute(count(w.checkpoints_requested));
 }

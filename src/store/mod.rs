@@ -36,6 +36,7 @@ pub mod sweeps;
 mod target;
 pub mod topology;
 pub(crate) mod tx;
+pub mod wal;
 
 use std::time::Duration;
 

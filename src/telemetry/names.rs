@@ -38,6 +38,23 @@ pub const DB_LOCK_WAIT_MAX_SECONDS: &str = "seckill_db_lock_wait_max_seconds";
 pub const DB_LOCK_WAITING_SESSIONS: &str = "seckill_db_lock_waiting_sessions";
 /// The server's WAL position in bytes (its rate is the WAL written per second).
 pub const DB_WAL_BYTES: &str = "seckill_db_wal_bytes";
+/// 1 while WAL archiving is on (`archive_mode`), else 0.
+pub const DB_WAL_ARCHIVE_ENABLED: &str = "seckill_db_wal_archive_enabled";
+/// WAL segments archived (pg_stat_archiver).
+pub const DB_WAL_ARCHIVED_TOTAL: &str = "seckill_db_wal_archived_total";
+/// Failed `archive_command` runs (pg_stat_archiver).
+pub const DB_WAL_ARCHIVE_FAILED_TOTAL: &str = "seckill_db_wal_archive_failed_total";
+/// 1 while the archiver's last attempt failed (a failure after the last success).
+pub const DB_WAL_ARCHIVE_FAILING: &str = "seckill_db_wal_archive_failing";
+/// Seconds since the last segment was archived.
+pub const DB_WAL_ARCHIVE_LAST_SUCCESS_AGE_SECONDS: &str =
+    "seckill_db_wal_archive_last_success_age_seconds";
+/// WAL segments ready and not yet archived (kept on the primary's disk).
+pub const DB_WAL_SEGMENTS_WAITING: &str = "seckill_db_wal_segments_waiting";
+/// Checkpoints started by `checkpoint_timeout`.
+pub const DB_CHECKPOINTS_TIMED_TOTAL: &str = "seckill_db_checkpoints_timed_total";
+/// Checkpoints requested (by WAL volume past `max_wal_size`, or by hand).
+pub const DB_CHECKPOINTS_REQUESTED_TOTAL: &str = "seckill_db_checkpoints_requested_total";
 /// PostgreSQL's available units minus Redis stock minus Redis reservations PostgreSQL has not seen, by `activity`, `sku`, from the reconciler's pass (only while the sale is live).
 pub const REDIS_DRIFT_UNITS: &str = "seckill_redis_drift_units";
 /// WAL a standby has been sent but not replayed, by `standby` (pg_stat_replication).
@@ -257,6 +274,14 @@ pub const CATALOGUE: &[Metric] = &[
     Metric { name: DB_LOCK_WAIT_MAX_SECONDS, kind: Kind::Gauge, help: "How long the longest lock wait in the engine's database has lasted so far (0 when none waits)." },
     Metric { name: DB_LOCK_WAITING_SESSIONS, kind: Kind::Gauge, help: "Sessions of the engine's database waiting for a lock right now." },
     Metric { name: DB_WAL_BYTES, kind: Kind::Gauge, help: "The server's WAL position in bytes (its rate is the WAL written per second)." },
+    Metric { name: DB_WAL_ARCHIVE_ENABLED, kind: Kind::Gauge, help: "1 while WAL archiving is on (archive_mode), else 0." },
+    Metric { name: DB_WAL_ARCHIVED_TOTAL, kind: Kind::Counter, help: "WAL segments archived (pg_stat_archiver)." },
+    Metric { name: DB_WAL_ARCHIVE_FAILED_TOTAL, kind: Kind::Counter, help: "Failed archive_command runs (pg_stat_archiver)." },
+    Metric { name: DB_WAL_ARCHIVE_FAILING, kind: Kind::Gauge, help: "1 while the archiver's last attempt failed (a failure after the last success)." },
+    Metric { name: DB_WAL_ARCHIVE_LAST_SUCCESS_AGE_SECONDS, kind: Kind::Gauge, help: "Seconds since the last WAL segment was archived." },
+    Metric { name: DB_WAL_SEGMENTS_WAITING, kind: Kind::Gauge, help: "WAL segments ready and not yet archived (kept on the primary's disk)." },
+    Metric { name: DB_CHECKPOINTS_TIMED_TOTAL, kind: Kind::Counter, help: "Checkpoints started by checkpoint_timeout." },
+    Metric { name: DB_CHECKPOINTS_REQUESTED_TOTAL, kind: Kind::Counter, help: "Checkpoints requested (by WAL volume past max_wal_size, or by hand)." },
     Metric { name: REDIS_DRIFT_UNITS, kind: Kind::Gauge, help: "PostgreSQL's available units minus Redis stock minus Redis reservations PostgreSQL has not seen, by `activity`, `sku`, from the reconciler's pass (only while the sale is live)." },
     Metric { name: STANDBY_REPLAY_LAG_BYTES, kind: Kind::Gauge, help: "WAL a standby has been sent but not replayed, by `standby` (pg_stat_replication)." },
     Metric { name: STANDBY_REPLAY_LAG_SECONDS, kind: Kind::Gauge, help: "A standby's replay lag, by `standby` (pg_stat_replication)." },

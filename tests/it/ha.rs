@@ -397,6 +397,121 @@ async fn with_a_database_default_of_local_no_order_is_acked_without_the_standby(
     env.cleanup().await;
 }
 
+/// The value of the alert rule `name` in deploy/prometheus/alerts.yml, evaluated
+/// on one scrape: the rules this test needs are of the form `max(metric) > N`
+/// (no Prometheus runs here; a rule of another shape fails the test).
+fn alert_fires(name: &str, scrape: &str) -> bool {
+    let rules = std::fs::read_to_string(repo().join("deploy/prometheus/alerts.yml")).unwrap();
+    let expr = rules
+        .split(&format!("- alert: {name}"))
+        .nth(1)
+        .and_then(|rest| rest.lines().find_map(|l| l.trim().strip_prefix("expr: ")))
+        .unwrap_or_else(|| panic!("no rule {name}"));
+    let (metric, threshold) = expr
+        .strip_prefix("max(")
+        .and_then(|e| e.split_once(") > "))
+        .unwrap_or_else(|| panic!("{name}: `{expr}` is not `max(metric) > N`"));
+    let threshold: f64 = threshold.trim().parse().unwrap();
+    scrape
+        .lines()
+        .filter(|l| l.starts_with(metric) && l[metric.len()..].starts_with([' ', '{']))
+        .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+        .fold(f64::NEG_INFINITY, f64::max)
+        > threshold
+}
+
+/// Issue 48: a failing WAL archive is measured and alerted. The HA topology
+/// archives its WAL; its `archive_command` is made to fail (`exit 1`) during a sale.
+/// A `serve` process (its own metrics) keeps making orders, exports the archive as
+/// failing with segments waiting, and `SeckillWalArchiveFailing` evaluates true on
+/// its scrape; once the command is fixed the archive catches up.
+#[actix_rt::test]
+async fn a_failing_wal_archive_is_measured_and_alerted_while_orders_flow() {
+    let cluster = HaCluster::start(true).await;
+    let env = ha_env(&cluster, |f| f).await;
+    let mut db = primary_client(&env).await.expect("primary");
+    let set_archive = |command: &str| format!("ALTER SYSTEM SET archive_command = '{command}'");
+    db.batch_execute(&set_archive("exit 1")).await.unwrap();
+    db.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+    builders::activity(&mut db, 2, 1, 1_000, 1).await;
+    db.batch_execute("SELECT pg_switch_wal()").await.unwrap();
+
+    let admin = free_port();
+    let mut cmd = crate::common::process::engine();
+    crate::common::process::env_of(&mut cmd, &env)
+        .env("SECKILL__ADMIN__ADDR", format!("127.0.0.1:{admin}"))
+        .env("SECKILL__TELEMETRY__SAMPLE_INTERVAL_MS", "200");
+    let (serve, ready) = crate::common::process::Serve::start(&mut cmd, "engine ready").await;
+    assert!(ready, "{}", serve.logged());
+    let amqp = env.amqp().await;
+    let msgs: Vec<_> = (1..=100).map(|u| order(2, 1, u, 0)).collect();
+    builders::publish(&env, &amqp, &msgs).await;
+    assert_eq!(wait_inbox(&env, 100, settle()).await, 100, "orders stopped");
+
+    let client = awc::Client::default();
+    let scrape = || {
+        let client = &client;
+        async move {
+            let mut res = client
+                .get(format!("http://127.0.0.1:{admin}/metrics"))
+                .send()
+                .await
+                .ok()?;
+            String::from_utf8(res.body().limit(8 << 20).await.ok()?.to_vec()).ok()
+        }
+    };
+    fn value(text: &str, metric: &str) -> Option<f64> {
+        text.lines()
+            .find(|l| l.starts_with(&format!("{metric} ")))
+            .and_then(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+    }
+    // The last scrape that satisfies `done`, within `budget`.
+    let scrape_until = |budget: Duration, done: fn(&str) -> bool| {
+        let scrape = &scrape;
+        async move {
+            let deadline = Instant::now() + budget;
+            loop {
+                let seen = scrape().await.unwrap_or_default();
+                if done(&seen) || Instant::now() > deadline {
+                    return (done(&seen), seen);
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }
+    };
+    let (failing, seen) = scrape_until(Duration::from_secs(30), |seen| {
+        value(seen, "seckill_db_wal_archive_failing") == Some(1.0)
+            && value(seen, "seckill_db_wal_archive_failed_total").is_some_and(|n| n > 0.0)
+            && value(seen, "seckill_db_wal_segments_waiting").is_some_and(|n| n >= 1.0)
+    })
+    .await;
+    assert!(failing, "no failing archive in the metrics:\n{seen}");
+    assert!(alert_fires("SeckillWalArchiveFailing", &seen));
+
+    // Back to the topology's own command (its postgresql.conf).
+    db.batch_execute("ALTER SYSTEM RESET archive_command")
+        .await
+        .unwrap();
+    db.batch_execute("SELECT pg_reload_conf()").await.unwrap();
+    db.batch_execute("SELECT pg_switch_wal()").await.unwrap();
+    let (healed, seen) = scrape_until(Duration::from_secs(90), |seen| {
+        value(seen, "seckill_db_wal_archive_failing") == Some(0.0)
+    })
+    .await;
+    assert!(healed, "the archive did not catch up:\n{seen}");
+    assert!(!alert_fires("SeckillWalArchiveFailing", &seen));
+    let (_, logged) = serve.terminate().await;
+    let _ = amqp.close(200, "done".into()).await;
+    let db = primary_client(&env).await.expect("primary");
+    assert_eq!(
+        count(&db, "SELECT count(*) FROM orders").await,
+        100,
+        "{logged}"
+    );
+    assert_invariants(&db).await;
+    env.cleanup().await;
+}
+
 /// A COMMIT waiting for a synchronous standby that is cancelled (`pg_cancel_backend`,
 /// as an operator or a pooler does to "stuck" sessions) is answered as a success
 /// with only a warning: committed locally, maybe not replicated. The engine must not
