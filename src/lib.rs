@@ -17,7 +17,8 @@
 //! - [`actors`]: the order pipeline (intake → DB permits → reservation → bucket).
 //! - [`services`]: background services under the supervisor (outbox publisher,
 //!   sweeper, compensation worker, reconciler, retention, gauges, readiness).
-//! - [`drift`]: Redis against PostgreSQL, per bucket.
+//! - [`drift`]: Redis against PostgreSQL, per bucket; [`rebuild`]: Redis rewritten
+//!   from PostgreSQL when a sale's keys are lost.
 //! - [`store`]: all SQL (the order transaction in `store::orders`; a commit with an
 //!   unknown outcome is classified in `store::tx`, and sent back for redelivery by
 //!   `actors::intake`); [`mq`]: AMQP; [`redis`]: every
@@ -37,6 +38,7 @@ pub mod engine;
 pub mod failpoints;
 pub mod http;
 pub mod mq;
+pub mod rebuild;
 pub mod redis;
 pub mod services;
 pub mod startup;

@@ -634,6 +634,7 @@ const ALLOWED_IMPORTS: &[(&str, &[&str])] = &[
             "drift",
             "http",
             "mq",
+            "rebuild",
             "redis",
             "startup",
             "store",
@@ -664,6 +665,7 @@ const ALLOWED_IMPORTS: &[(&str, &[&str])] = &[
             "config",
             "domain",
             "mq",
+            "rebuild",
             "redis",
             "status",
             "store",
@@ -671,6 +673,7 @@ const ALLOWED_IMPORTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("mq", &["config", "domain", "status", "telemetry", "tls"]),
+    ("rebuild", &["redis", "store"]),
     ("redis", &["config", "telemetry", "tls"]),
     (
         "services",

@@ -7,6 +7,7 @@ mod check;
 mod diagnose;
 mod maintain;
 mod migrate;
+mod redis;
 mod reshard;
 mod serve;
 mod validate;
@@ -78,6 +79,21 @@ pub enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// The front stage's Redis keys.
+    #[command(subcommand)]
+    Redis(RedisCommand),
+}
+
+#[derive(Debug, Subcommand)]
+pub enum RedisCommand {
+    /// Rebuild a sale's Redis keys from PostgreSQL: each bucket's stock (PostgreSQL's
+    /// available units minus those Redis holds for reservations PostgreSQL has not
+    /// seen), the buyers' marks, the bucket count. Idempotent, safe during a live
+    /// sale; prints what changed.
+    Rebuild {
+        #[arg(long)]
+        activity: i64,
+    },
 }
 
 #[derive(Debug, Subcommand)]
@@ -127,6 +143,9 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             on_runtime(maintain::run(&settings, activity, force))
         }
         Command::Reshard { shards } => on_runtime(reshard::run(&settings, shards)),
+        Command::Redis(RedisCommand::Rebuild { activity }) => {
+            on_runtime(redis::rebuild(&settings, activity))
+        }
     }
 }
 

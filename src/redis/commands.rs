@@ -49,6 +49,17 @@ pub async fn all_pending(
         .collect())
 }
 
+/// Every member of a SKU's pending set as stored, parsed or not (a rebuild checks
+/// that the set did not change under it).
+pub async fn pending_members(
+    conn: &mut impl Conn,
+    keys: &SkuKeys,
+) -> Result<Vec<String>, RedisError> {
+    let mut all = ::redis::cmd("ZRANGE");
+    all.arg(keys.pending()).arg(0).arg(-1);
+    timed("zrange", all.query_async(conn)).await
+}
+
 /// Forgets one pending member (PostgreSQL has its reservation).
 pub async fn forget_pending(
     conn: &mut impl Conn,

@@ -8,6 +8,7 @@
 //! `{prefix}:{activity:sku}:pending`                zset "reservation:user:bucket:request" by expiry (ms)
 //! `{prefix}:{activity:sku}:request:{user}:{request_id}`  the answer to a user's request
 //! `{prefix}:{activity:sku}:ptokens:{user}`          purchase tokens the user fetched for the sale
+//! `{prefix}:{activity:sku}:generation`             when the keys were last rebuilt from PostgreSQL (ms)
 //! `{prefix}:queued:{reservation}`                  "activity:sku:user" once its message is queued
 //!
 //! A pending member is `reservation:user:bucket:request`: built by
@@ -84,6 +85,11 @@ impl SkuKeys {
             return None;
         }
         user.parse().ok()
+    }
+
+    /// Set by a rebuild from PostgreSQL (`rebuild`) to when it ran.
+    pub fn generation(&self) -> String {
+        format!("{}:generation", self.base)
     }
 
     pub fn released(&self, reservation_id: &uuid::Uuid) -> String {

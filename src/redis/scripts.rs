@@ -45,20 +45,22 @@ static RESERVE: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r"
 -- KEYS[1] users hash, KEYS[2] pending set, KEYS[3] request key,
--- KEYS[4 .. 4+n-1] stock of buckets 0 .. n-1
+-- KEYS[4] bucket count (written with the stock: gone means the sale's keys are lost),
+-- KEYS[5 .. 5+n-1] stock of buckets 0 .. n-1
 -- ARGV[1] user id, ARGV[2] reservation id, ARGV[3] preferred bucket,
 -- ARGV[4] expiry (ms, the pending score), ARGV[5] request key ttl (s),
 -- ARGV[6] the answer without its bucket ('reservation|order_id|order_no'),
 -- ARGV[7] request id, ARGV[8] when the sale's keys expire (ms)
 local prior = redis.call('GET', KEYS[3])
 if prior then return {'REPLAY', prior} end
+if redis.call('EXISTS', KEYS[4]) == 0 then return {'LOST', ''} end
 local holder = redis.call('HGET', KEYS[1], ARGV[1])
 if holder then return {'DUPLICATE', holder} end
-local n = #KEYS - 3
+local n = #KEYS - 4
 local first = tonumber(ARGV[3])
 for i = 0, n - 1 do
   local b = (first + i) % n
-  local key = KEYS[4 + b]
+  local key = KEYS[5 + b]
   if tonumber(redis.call('GET', key) or '0') > 0 then
     redis.call('DECR', key)
     redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
@@ -74,6 +76,111 @@ return {'SOLD_OUT', ''}
 ",
     )
 });
+
+/// Rewrites a SKU's keys from PostgreSQL's figures (`rebuild`), atomically, only if
+/// the pending set is still the one the figures were computed against (a
+/// reservation made or settled in between would be counted wrong): each bucket's
+/// stock, the bucket count, the buyers' marks PostgreSQL knows (a mark Redis still
+/// holds is kept), the generation, and every key's expiry.
+static REBUILD: LazyLock<Script> = LazyLock::new(|| {
+    Script::new(
+        r"
+-- KEYS[1] users hash, KEYS[2] pending set, KEYS[3] bucket count, KEYS[4] generation,
+-- KEYS[5 .. 5+n-1] stock of buckets 0 .. n-1
+-- ARGV[1] when the keys expire (ms), ARGV[2] generation, ARGV[3] n,
+-- ARGV[4 .. 3+n] each bucket's stock, ARGV[4+n] m, then m pending members as read,
+-- then pairs (user, reservation)
+local n = tonumber(ARGV[3])
+local m = tonumber(ARGV[4 + n])
+if redis.call('ZCARD', KEYS[2]) ~= m then return {0} end
+for i = 1, m do
+  if not redis.call('ZSCORE', KEYS[2], ARGV[4 + n + i]) then return {0} end
+end
+local out = {1, 0}
+for b = 0, n - 1 do
+  local key = KEYS[5 + b]
+  table.insert(out, tonumber(redis.call('GET', key) or '-1'))
+  redis.call('SET', key, ARGV[4 + b])
+  redis.call('PEXPIREAT', key, ARGV[1])
+end
+redis.call('SET', KEYS[3], n)
+redis.call('PEXPIREAT', KEYS[3], ARGV[1])
+local first = 5 + n + m
+for i = first, #ARGV, 2 do
+  out[2] = out[2] + redis.call('HSETNX', KEYS[1], ARGV[i], ARGV[i + 1])
+end
+if redis.call('EXISTS', KEYS[1]) == 1 then redis.call('PEXPIREAT', KEYS[1], ARGV[1]) end
+redis.call('SET', KEYS[4], ARGV[2])
+redis.call('PEXPIREAT', KEYS[4], ARGV[1])
+return out
+",
+    )
+});
+
+/// What a rebuild of one SKU's keys found and did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Rebuilt {
+    /// Each bucket's stock before (`None`: the key was gone), and the buyers'
+    /// marks added.
+    Done {
+        before: Vec<Option<i64>>,
+        marks_added: i64,
+    },
+    /// The pending set changed since it was read: read again.
+    Changed,
+}
+
+/// One SKU's figures for `rebuild`.
+#[derive(Debug, Clone)]
+pub struct RebuildCall<'a> {
+    /// Each bucket's stock to set, in bucket order.
+    pub stock: &'a [i64],
+    /// The pending set's members as read (raw), which the figures count.
+    pub pending: &'a [String],
+    /// (user, reservation) of every buyer PostgreSQL knows holds a unit.
+    pub holders: &'a [(i64, Uuid)],
+    pub sale_end_ms: i64,
+    pub generation_ms: i64,
+}
+
+/// Runs the rebuild script for one SKU.
+pub async fn rebuild(
+    conn: &mut impl Conn,
+    keys: &SkuKeys,
+    call: &RebuildCall<'_>,
+) -> Result<Rebuilt, ::redis::RedisError> {
+    let buckets = call.stock.len() as i16;
+    let mut invocation = REBUILD.key(keys.users());
+    invocation
+        .key(keys.pending())
+        .key(keys.bucket_count())
+        .key(keys.generation());
+    for bucket in 0..buckets {
+        invocation.key(keys.stock(bucket));
+    }
+    invocation
+        .arg(super::keys::sale_keys_expire_at_ms(call.sale_end_ms))
+        .arg(call.generation_ms)
+        .arg(buckets);
+    for stock in call.stock {
+        invocation.arg(*stock);
+    }
+    invocation.arg(call.pending.len());
+    for member in call.pending {
+        invocation.arg(member);
+    }
+    for (user, reservation) in call.holders {
+        invocation.arg(*user).arg(reservation.to_string());
+    }
+    let out: Vec<i64> = super::timed("rebuild", invocation.invoke_async(conn)).await?;
+    Ok(match out.as_slice() {
+        [1, marks_added, before @ ..] => Rebuilt::Done {
+            before: before.iter().map(|b| (*b >= 0).then_some(*b)).collect(),
+            marks_added: *marks_added,
+        },
+        _ => Rebuilt::Changed,
+    })
+}
 
 /// The answer a reservation gets, and the one its retries replay: kept by the
 /// reserve script under the request's key as `reservation|order_id|order_no|bucket`.
@@ -128,6 +235,10 @@ pub enum Reserved {
         holder: String,
     },
     SoldOut,
+    /// The sale's keys are gone from Redis (a restart without persistence, a
+    /// fail-over to a replica that missed them, a flush): nothing can be sold
+    /// until they are rebuilt from PostgreSQL (`rebuild`). Never read as sold out.
+    Lost,
 }
 
 /// One request for a unit, as the reserve script takes it.
@@ -158,7 +269,8 @@ pub async fn reserve(
     let mut invocation = RESERVE.key(keys.users());
     invocation
         .key(keys.pending())
-        .key(keys.request(call.user_id, &call.request_id));
+        .key(keys.request(call.user_id, &call.request_id))
+        .key(keys.bucket_count());
     for bucket in 0..buckets {
         invocation.key(keys.stock(bucket));
     }
@@ -182,6 +294,7 @@ pub async fn reserve(
         "OK" => Reserved::Ok(answer()?),
         "REPLAY" => Reserved::Replay(answer()?),
         "DUPLICATE" => Reserved::Duplicate { holder: value },
+        "LOST" => Reserved::Lost,
         _ => Reserved::SoldOut,
     })
 }

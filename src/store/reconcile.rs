@@ -11,6 +11,8 @@ use chrono::{DateTime, Utc};
 use tokio_postgres::Client;
 use uuid::Uuid;
 
+use crate::domain::status::ReservationStatus;
+
 /// SKUs whose sale has started and ended less than a day ago: (activity, sku).
 pub async fn live_skus(client: &Client) -> Result<Vec<(i64, i64)>, tokio_postgres::Error> {
     Ok(client
@@ -146,6 +148,112 @@ pub async fn known_and_available(
     client.batch_execute("ROLLBACK").await?;
     read
 }
+
+/// One SKU as a rebuild of its Redis keys needs it, from one snapshot.
+#[derive(Debug, Clone)]
+pub struct SkuFigures {
+    pub sku_id: i64,
+    pub end_at: DateTime<Utc>,
+    /// Available units per bucket, in bucket order.
+    pub available: Vec<i64>,
+    /// (user, reservation) of each buyer whose reservation holds a unit.
+    pub holders: Vec<(i64, Uuid)>,
+}
+
+/// The SKUs of `activity` (none: no such activity).
+pub async fn activity_skus(
+    client: &Client,
+    activity_id: i64,
+) -> Result<Vec<i64>, tokio_postgres::Error> {
+    Ok(client
+        .query(ACTIVITY_SKUS, &[&activity_id])
+        .await?
+        .iter()
+        .map(|r| r.get(0))
+        .collect())
+}
+
+/// Opens the snapshot a rebuild of `activity` reads, under a lock that lets one
+/// rebuild of it run at a time, across instances: false (nothing open) when another
+/// holds it. The caller ends it with `end_rebuild` once it has written Redis.
+pub async fn begin_rebuild(
+    client: &Client,
+    activity_id: i64,
+) -> Result<bool, tokio_postgres::Error> {
+    client
+        .batch_execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+        .await?;
+    let locked = client.query_one(TRY_REBUILD_LOCK, &[&activity_id]).await;
+    match locked {
+        Ok(row) if row.get::<_, bool>(0) => Ok(true),
+        other => {
+            client.batch_execute("ROLLBACK").await?;
+            other.map(|_| false)
+        }
+    }
+}
+
+/// Within `begin_rebuild`'s snapshot: which of `pending` PostgreSQL knows, and each
+/// SKU's figures.
+pub async fn rebuild_figures(
+    client: &Client,
+    activity_id: i64,
+    pending: &[Uuid],
+) -> Result<(HashSet<Uuid>, Vec<SkuFigures>), tokio_postgres::Error> {
+    let known = known_reservations(client, pending).await?;
+    let holding: Vec<i16> = [
+        ReservationStatus::PendingDb,
+        ReservationStatus::Ordered,
+        ReservationStatus::ReleasePending,
+        ReservationStatus::ManualRequired,
+    ]
+    .iter()
+    .map(|s| s.code())
+    .collect();
+    let mut skus: Vec<SkuFigures> = client
+        .query(SKUS_WITH_END, &[&activity_id])
+        .await?
+        .iter()
+        .map(|r| SkuFigures {
+            sku_id: r.get(0),
+            end_at: r.get(1),
+            available: Vec::new(),
+            holders: Vec::new(),
+        })
+        .collect();
+    for b in buckets_available(client, Some(activity_id)).await? {
+        if let Some(sku) = skus.iter_mut().find(|s| s.sku_id == b.sku_id) {
+            sku.available.push(b.available);
+        }
+    }
+    for r in client.query(HOLDERS, &[&activity_id, &holding]).await? {
+        let sku_id: i64 = r.get(0);
+        if let Some(sku) = skus.iter_mut().find(|s| s.sku_id == sku_id) {
+            sku.holders.push((r.get(1), r.get(2)));
+        }
+    }
+    Ok((known, skus))
+}
+
+/// Ends `begin_rebuild`'s snapshot and lock (read only: nothing to keep).
+pub async fn end_rebuild(client: &Client) -> Result<(), tokio_postgres::Error> {
+    client.batch_execute("ROLLBACK").await
+}
+
+const ACTIVITY_SKUS: &str = "SELECT sku_id FROM seckill_sku WHERE activity_id = $1 ORDER BY 1";
+
+/// Lock class 727275: one rebuild of an activity's Redis keys at a time.
+const TRY_REBUILD_LOCK: &str =
+    "SELECT pg_try_advisory_xact_lock(727275, ($1::bigint % 2147483647)::int)";
+
+const SKUS_WITH_END: &str = "
+SELECT s.sku_id, a.end_at FROM seckill_sku AS s
+JOIN seckill_activity AS a ON a.activity_id = s.activity_id
+WHERE s.activity_id = $1 ORDER BY 1";
+
+const HOLDERS: &str = "
+SELECT sku_id, user_id, reservation_id FROM inventory_reservation
+WHERE activity_id = $1 AND status = ANY($2::int2[])";
 
 const LIVE_SKUS: &str = "
 SELECT s.activity_id, s.sku_id

@@ -71,6 +71,7 @@ async fn the_reserve_script_sells_exactly_the_stock_to_distinct_users() {
             Reserved::SoldOut => sold_out += 1,
             Reserved::Duplicate { .. } => duplicate += 1,
             Reserved::Replay { .. } => panic!("no request id was reused"),
+            Reserved::Lost => panic!("the sale's keys were loaded"),
         }
     }
     assert_eq!(

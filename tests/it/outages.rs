@@ -157,3 +157,120 @@ async fn a_silent_redis_under_the_front_stage_stops_neither_orders_nor_readiness
     engine.stop().await;
     env.cleanup().await;
 }
+
+/// A buyer who retries after `Retry-After` while the answer is 503, with the same
+/// request id: the answers, in order.
+async fn persistent_buyer(
+    front: &crate::front_client::Front,
+    activity: i64,
+    user: i64,
+    first_503: &std::sync::Mutex<Option<Instant>>,
+) -> Vec<u16> {
+    let request = uuid::Uuid::now_v7();
+    let mut answers = Vec::new();
+    for _ in 0..40 {
+        let (status, _) = front.reserve(activity, user, request).await;
+        answers.push(status);
+        if status != 503 {
+            break;
+        }
+        first_503.lock().unwrap().get_or_insert_with(Instant::now);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+    answers
+}
+
+/// Issue 48, "Redis lost": a 1,000-unit sale over 8 buckets through HTTP; after 300
+/// are sold every key of the sale is deleted. With no operator, the front stage
+/// answers 503 and rebuilds the keys from PostgreSQL; the remaining 700 sell within
+/// 10 s of the first retry, exactly 1,000 orders, no user twice (the first 300 find
+/// their marks restored), and the drift is zero once everything settled.
+#[actix_rt::test]
+async fn a_sale_whose_redis_keys_vanish_rebuilds_them_and_sells_the_rest() {
+    let (env, db) = Sale::new()
+        .set("frontstage.rate_limit.per_address_per_s", 0)
+        .activity(4803, 1_000, 8)
+        .open()
+        .await;
+    let keys = seckill_engine::redis::keys::SkuKeys::new(&env.settings.redis.key_prefix, 4803, 1);
+    let mut redis = env.redis().await;
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[125; 8], crate::common::sale_end())
+        .await
+        .unwrap();
+    let engine = EngineHandle::start(&env.settings).await;
+    let (front, handle) = crate::front_client::Front::serve(
+        &env.settings,
+        engine.ids.clone(),
+        engine.readiness.clone(),
+    )
+    .await;
+    let first_503 = std::sync::Mutex::new(None);
+    let first: Vec<Vec<u16>> = futures_util::future::join_all(
+        (1..=300).map(|user| persistent_buyer(&front, 4803, user, &first_503)),
+    )
+    .await;
+    assert!(first.iter().all(|a| a == &[202]), "{first:?}");
+    wait_for(Duration::from_secs(30), "300 orders", || async {
+        count(&db, "SELECT count(*) FROM orders").await == 300
+    })
+    .await;
+
+    // Every key of the sale goes, as with a Redis restart without persistence.
+    let pattern = format!("{}:*", env.settings.redis.key_prefix);
+    let all: Vec<String> = ::redis::cmd("KEYS")
+        .arg(&pattern)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(!all.is_empty());
+    let _: () = ::redis::cmd("DEL")
+        .arg(&all)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+
+    // The first 300 again, and 800 new buyers for the 700 units left.
+    let second: Vec<Vec<u16>> = futures_util::future::join_all(
+        (1..=1_100).map(|user| persistent_buyer(&front, 4803, user, &first_503)),
+    )
+    .await;
+    let first_retry = first_503
+        .lock()
+        .unwrap()
+        .expect("a 503 while the keys were gone");
+    wait_for(Duration::from_secs(30), "1,000 orders", || async {
+        count(&db, "SELECT count(*) FROM orders").await == 1_000
+    })
+    .await;
+    let sold_out_after = first_retry.elapsed();
+    let last = |a: &Vec<u16>| *a.last().unwrap();
+    assert!(
+        second[..300].iter().all(|a| last(a) == 409),
+        "the first buyers' marks were not restored: {:?}",
+        &second[..300]
+    );
+    let accepted = second[300..].iter().filter(|a| last(a) == 202).count();
+    assert_eq!(accepted, 700, "{:?}", &second[300..]);
+    assert!(
+        second.iter().all(|a| last(a) != 503),
+        "still 503 after 40 tries"
+    );
+    assert!(
+        sold_out_after < Duration::from_secs(10),
+        "the rest sold {sold_out_after:?} after the first retry"
+    );
+    assert_eq!(
+        count(&db, "SELECT count(DISTINCT user_id) FROM orders").await,
+        1_000
+    );
+    handle.stop(true).await;
+    engine.stop().await;
+    let mut redis = env.redis().await;
+    let drift =
+        seckill_engine::drift::measure(&db, &mut redis, &env.settings.redis.key_prefix, Some(4803))
+            .await
+            .unwrap();
+    assert!(drift.iter().all(|b| b.drift == 0), "{drift:?}");
+    crate::common::assert_invariants(&db).await;
+    env.cleanup().await;
+}

@@ -16,6 +16,7 @@ mod buyer;
 mod links;
 mod lookups;
 mod purchase_token;
+mod rebuilds;
 mod reserve;
 pub mod sku_cache;
 mod state;

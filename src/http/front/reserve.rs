@@ -139,6 +139,15 @@ pub(super) async fn reserve(
             front.skus.mark_sold_out((activity_id, sku_id));
             return conflict("SOLD_OUT");
         }
+        Ok(Reserved::Lost) => {
+            front.rebuilds.start(activity_id);
+            return HttpResponse::ServiceUnavailable()
+                .insert_header((RETRY_AFTER, "1"))
+                .json(json!({
+                    "status": "UNAVAILABLE",
+                    "error": "the sale's Redis keys are being rebuilt from PostgreSQL; retry",
+                }));
+        }
         Err(e) => {
             tracing::warn!(error = %e, "Redis reservation failed");
             return unavailable("reservation store unavailable");

@@ -7,6 +7,7 @@ use std::time::Duration;
 use futures_util::FutureExt;
 
 use super::links::{Links, Replica};
+use super::rebuilds::Rebuilds;
 use super::sku_cache::{Loader, SkuCache, SkuUnavailable};
 use crate::config::{FrontstageSettings, Settings};
 use crate::domain::ids::IdGenerator;
@@ -30,6 +31,8 @@ pub(super) struct FrontStage {
     pub(super) settings: FrontstageSettings,
     pub(super) marker_ttl_secs: u64,
     pub(super) skus: Arc<SkuCache>,
+    /// Rebuilds of sales whose Redis keys are gone.
+    pub(super) rebuilds: Arc<Rebuilds>,
     pub(super) auth: Authenticator,
     pub(super) limits: Limits,
     /// `frontstage.purchase_token.secret` when tokens are required.
@@ -98,6 +101,11 @@ impl FrontStage {
             skus: SkuCache::new(
                 sku_loader(pool.clone()),
                 Duration::from_millis(settings.frontstage.sold_out_recheck_ms),
+            ),
+            rebuilds: Rebuilds::new(
+                pool.clone(),
+                links.redis.clone(),
+                settings.redis.key_prefix.clone(),
             ),
             pool,
             redis: links.redis.clone(),
