@@ -38,6 +38,7 @@ pub const SECRET_KEYS: &[&str] = &[
     "amqp.url",
     "amqp.order_signing_secret",
     "redis.url",
+    "redis.sentinels",
     "admin.token",
     "admin.metrics_token",
     "frontstage.amqp_url",

@@ -17,16 +17,110 @@ use keys::SkuKeys;
 pub trait Conn: ::redis::aio::ConnectionLike + Send {}
 impl<T: ::redis::aio::ConnectionLike + Send> Conn for T {}
 
-/// Opens a multiplexed connection (cheap to clone). It does not reconnect: once
+/// Opens a multiplexed connection (cheap to clone) to the master: `redis.url`, or in
+/// Sentinel mode the server the sentinels name now. It does not reconnect: once
 /// the server closed it (a restart, `CLIENT KILL`), every call on it fails. For a
-/// long-lived connection use `connect_managed`.
+/// long-lived connection use `MasterLink`.
 pub async fn connect(
     settings: &RedisSettings,
 ) -> Result<::redis::aio::MultiplexedConnection, ::redis::RedisError> {
-    client(settings)?
+    master_client(settings)
+        .await?
         .get_multiplexed_async_connection()
         .await
         .map_err(|e| in_tls(settings, e))
+}
+
+/// The client of the master: `client(settings)`, or in Sentinel mode (`redis.sentinels`)
+/// a client of the server the sentinels name for `redis.master_name`, with
+/// `redis.url`'s credentials and database.
+pub async fn master_client(
+    settings: &RedisSettings,
+) -> Result<::redis::Client, ::redis::RedisError> {
+    let Some(name) = settings
+        .master_name
+        .as_deref()
+        .filter(|_| !settings.sentinels.is_empty())
+    else {
+        return client(settings);
+    };
+    crate::tls::install_provider();
+    let url = ::redis::IntoConnectionInfo::into_connection_info(settings.url.expose_secret())?;
+    let mut node = ::redis::sentinel::SentinelNodeConnectionInfo::default()
+        .set_redis_connection_info(url.redis_settings().clone());
+    if matches!(url.addr(), ::redis::ConnectionAddr::TcpTls { .. }) {
+        node = node.set_tls_mode(::redis::TlsMode::Secure);
+    }
+    let sentinels: Vec<&str> = settings
+        .sentinels
+        .iter()
+        .map(|s| s.expose_secret())
+        .collect();
+    let mut sentinel = ::redis::sentinel::SentinelClient::build(
+        sentinels,
+        name,
+        Some(node),
+        ::redis::sentinel::SentinelServerType::Master,
+    )?;
+    sentinel.async_get_client().await
+}
+
+/// A long-lived connection to the master (`connect_managed`), which in Sentinel
+/// mode moves to the new master after a fail-over (`follow`). Cheap to clone; the
+/// clones share it.
+#[derive(Clone)]
+pub struct MasterLink {
+    settings: std::sync::Arc<RedisSettings>,
+    current: std::sync::Arc<std::sync::RwLock<(String, ::redis::aio::ConnectionManager)>>,
+}
+
+impl MasterLink {
+    pub async fn open(settings: &RedisSettings) -> Result<Self, ::redis::RedisError> {
+        let client = master_client(settings).await?;
+        let address = client.get_connection_info().addr().to_string();
+        let conn = connect_managed(client)
+            .await
+            .map_err(|e| in_tls(settings, e))?;
+        Ok(Self {
+            settings: std::sync::Arc::new(settings.clone()),
+            current: std::sync::Arc::new(std::sync::RwLock::new((address, conn))),
+        })
+    }
+
+    /// The connection to the master as last followed.
+    pub fn conn(&self) -> ::redis::aio::ConnectionManager {
+        self.current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .1
+            .clone()
+    }
+
+    /// In Sentinel mode: asks the sentinels which server is the master and, when it
+    /// is another than the one connected, connects to it and returns its address.
+    /// Without sentinels: nothing to follow (`ConnectionManager` reconnects by itself).
+    pub async fn follow(&self) -> Result<Option<String>, ::redis::RedisError> {
+        if self.settings.sentinels.is_empty() {
+            return Ok(None);
+        }
+        let client = master_client(&self.settings).await?;
+        let address = client.get_connection_info().addr().to_string();
+        let known = self
+            .current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0
+            .clone();
+        if address == known {
+            return Ok(None);
+        }
+        let conn = connect_managed(client).await?;
+        *self
+            .current
+            .write()
+            .unwrap_or_else(std::sync::PoisonError::into_inner) = (address.clone(), conn);
+        Ok(Some(address))
+    }
 }
 
 /// The client of `redis.url`; for `rediss://` with `redis.tls`'s CA (instead of
@@ -85,16 +179,14 @@ const MANAGED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
 /// after it go through a new connection as soon as one can be opened. Cheap to
 /// clone; the clones share the connection. Every call is bounded by
 /// `MANAGED_TIMEOUT`, so a server that hangs is an error, not a stuck request.
-pub async fn connect_managed(
-    settings: &RedisSettings,
+async fn connect_managed(
+    client: ::redis::Client,
 ) -> Result<::redis::aio::ConnectionManager, ::redis::RedisError> {
     let config = ::redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(Some(MANAGED_TIMEOUT))
         .set_response_timeout(Some(MANAGED_TIMEOUT))
         .set_max_delay(std::time::Duration::from_millis(500));
-    ::redis::aio::ConnectionManager::new_with_config(client(settings)?, config)
-        .await
-        .map_err(|e| in_tls(settings, e))
+    ::redis::aio::ConnectionManager::new_with_config(client, config).await
 }
 
 /// Loads the stock of every bucket of a SKU, and the bucket count, atomically. Like

@@ -159,7 +159,7 @@ async fn a_silent_redis_under_the_front_stage_stops_neither_orders_nor_readiness
 }
 
 /// A buyer who retries after `Retry-After` while the answer is 503, with the same
-/// request id: the answers, in order.
+/// request id: fetches a purchase token, then reserves. The answers, in order.
 async fn persistent_buyer(
     front: &crate::front_client::Front,
     activity: i64,
@@ -167,9 +167,26 @@ async fn persistent_buyer(
     first_503: &std::sync::Mutex<Option<Instant>>,
 ) -> Vec<u16> {
     let request = uuid::Uuid::now_v7();
+    let token_path = format!("/v1/activities/{activity}/skus/1/purchase-token");
     let mut answers = Vec::new();
+    let mut token = None;
     for _ in 0..40 {
-        let (status, _) = front.reserve(activity, user, request).await;
+        let status = match &token {
+            None => {
+                let (status, body) = front.get(&token_path, Some(user)).await;
+                if status == 200 {
+                    token = body["token"].as_str().map(str::to_owned);
+                    continue;
+                }
+                status
+            }
+            Some(token) => {
+                front
+                    .reserve_with(activity, user, request, Some(token))
+                    .await
+                    .0
+            }
+        };
         answers.push(status);
         if status != 503 {
             break;
@@ -271,6 +288,137 @@ async fn a_sale_whose_redis_keys_vanish_rebuilds_them_and_sells_the_rest() {
             .await
             .unwrap();
     assert!(drift.iter().all(|b| b.drift == 0), "{drift:?}");
+    crate::common::assert_invariants(&db).await;
+    env.cleanup().await;
+}
+
+/// `scripts/services up --redis-ha` on free ports under a directory of the test's
+/// own; stopped and removed when dropped.
+struct RedisHa {
+    dir: std::path::PathBuf,
+    ports: [u16; 5],
+}
+
+impl RedisHa {
+    async fn start() -> RedisHa {
+        let dir =
+            std::env::temp_dir().join(format!("seckill-rha-{}", uuid::Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let ports = [(); 5].map(|_| crate::common::free_port());
+        let ha = RedisHa { dir, ports };
+        let out = ha.script(&["up", "--redis-ha"]).await;
+        assert!(ha.dir.join("redis-ha.toml").exists(), "{out}");
+        ha
+    }
+
+    async fn script(&self, args: &[&str]) -> String {
+        crate::common::project_script(
+            "scripts/services",
+            args,
+            &[
+                ("SECKILL_SERVICES_DIR", self.dir.display().to_string()),
+                (
+                    "SECKILL_REDIS_HA_PORTS",
+                    self.ports.map(|p| p.to_string()).join(" "),
+                ),
+            ],
+        )
+        .await
+    }
+
+    fn sentinels(&self) -> Vec<String> {
+        self.ports[2..]
+            .iter()
+            .map(|p| format!("redis://127.0.0.1:{p}"))
+            .collect()
+    }
+}
+
+impl Drop for RedisHa {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(crate::common::repo_root().join("scripts/services"))
+            .arg("down")
+            .env("SECKILL_SERVICES_DIR", &self.dir)
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Issue 48, "Redis master killed": a sale through HTTP on a Sentinel topology (a
+/// master, a replica, three sentinels); the master is SIGKILLed mid-sale. The front
+/// stage follows the promoted replica without a restart: reservations succeed again
+/// within 10 s of the kill, and exactly the stock is sold.
+#[actix_rt::test]
+async fn the_front_stage_follows_a_promoted_redis_master_without_a_restart() {
+    let ha = RedisHa::start().await;
+    let (env, db) = Sale::new()
+        .set("redis.sentinels", ha.sentinels())
+        .set("redis.master_name", "seckill")
+        .set("redis.url", format!("redis://127.0.0.1:{}", ha.ports[0]))
+        .set("frontstage.rate_limit.per_address_per_s", 0)
+        .activity(4804, 400, 4)
+        .open()
+        .await;
+    let keys = seckill_engine::redis::keys::SkuKeys::new(&env.settings.redis.key_prefix, 4804, 1);
+    let mut redis = env.redis().await;
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[100; 4], crate::common::sale_end())
+        .await
+        .unwrap();
+    // The replica has the stock before the master goes (WAIT: replicated writes).
+    let _: i64 = ::redis::cmd("WAIT")
+        .arg(1)
+        .arg(5_000)
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    let engine = EngineHandle::start(&env.settings).await;
+    let (front, handle) = crate::front_client::Front::serve(
+        &env.settings,
+        engine.ids.clone(),
+        engine.readiness.clone(),
+    )
+    .await;
+    let no_503 = std::sync::Mutex::new(None);
+    let before: Vec<Vec<u16>> = futures_util::future::join_all(
+        (1..=100).map(|user| persistent_buyer(&front, 4804, user, &no_503)),
+    )
+    .await;
+    assert!(before.iter().all(|a| a == &[202]), "{before:?}");
+
+    let killed = ha.script(&["redis-ha-kill-master"]).await;
+    let kill_at = Instant::now();
+    // Buyers keep coming, a few at a time, each retrying its 503s.
+    let first_503 = std::sync::Mutex::new(None);
+    let mut back_after = None;
+    let mut answers = Vec::new();
+    for wave in 0..20 {
+        let users = (101 + wave * 25)..(126 + wave * 25);
+        let got: Vec<Vec<u16>> = futures_util::future::join_all(
+            users.map(|user| persistent_buyer(&front, 4804, user, &first_503)),
+        )
+        .await;
+        if back_after.is_none() && got.iter().any(|a| a.contains(&202)) {
+            back_after = Some(kill_at.elapsed());
+        }
+        answers.extend(got);
+    }
+    let back_after = back_after.expect("no reservation succeeded after the kill");
+    eprintln!("reservations succeeded again {back_after:?} after the master was killed");
+    assert!(
+        back_after < Duration::from_secs(10),
+        "reservations came back {back_after:?} after the kill ({killed})"
+    );
+    wait_for(Duration::from_secs(30), "the stock sold", || async {
+        count(&db, "SELECT count(*) FROM orders").await == 400
+    })
+    .await;
+    handle.stop(true).await;
+    engine.stop().await;
+    assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 400);
+    assert_eq!(
+        count(&db, "SELECT count(DISTINCT user_id) FROM orders").await,
+        400
+    );
     crate::common::assert_invariants(&db).await;
     env.cleanup().await;
 }

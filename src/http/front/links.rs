@@ -64,8 +64,9 @@ impl Replica {
 /// The front stage's Redis connection and broker channel, and where their state is
 /// reported.
 pub(super) struct Links {
-    /// Reconnects by itself after a Redis restart or a dropped connection.
-    pub(super) redis: ::redis::aio::ConnectionManager,
+    /// Reconnects by itself after a Redis restart or a dropped connection, and in
+    /// Sentinel mode follows the master to its new server (`check`).
+    pub(super) redis: crate::redis::MasterLink,
     /// The confirm channel and its connection, reopened when the broker closed them;
     /// shared by every worker of the front stage.
     publisher: Reconnecting<ConfirmedPublisher>,
@@ -81,7 +82,7 @@ impl Links {
         amqp_key: &'static str,
         readiness: Arc<Readiness>,
     ) -> Result<Self, crate::http::HttpError> {
-        let redis = crate::redis::connect_managed(redis).await?;
+        let redis = crate::redis::MasterLink::open(redis).await?;
         let publisher = Reconnecting::to(&amqp, amqp.url.clone(), amqp_key, "seckill-frontstage");
         // Opened now: a broker that refuses fails the start, not the first buyer.
         publisher.get().await?;
@@ -96,7 +97,16 @@ impl Links {
     /// answers a PING, and the broker channel is open (reopened here if it was
     /// closed, so the first buyer after a blip does not pay for it).
     pub(super) async fn check(&self) {
-        let mut redis = self.redis.clone();
+        match tokio::time::timeout(LINK_CHECK_TIMEOUT, self.redis.follow()).await {
+            Ok(Ok(Some(master))) => {
+                tracing::info!(%master, "Redis master moved (Sentinel); the front stage follows it")
+            }
+            Ok(Ok(None)) => {}
+            // The sentinels do not answer: the current connection stays.
+            Ok(Err(e)) => tracing::debug!(error = %e, "the Redis sentinels did not name a master"),
+            Err(_) => tracing::debug!("the Redis sentinels did not answer within 1 s"),
+        }
+        let mut redis = self.redis.conn();
         let redis = crate::redis::health::check(&mut redis, LINK_CHECK_TIMEOUT)
             .await
             .err()

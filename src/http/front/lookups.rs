@@ -95,7 +95,7 @@ pub(super) async fn reservation(
         let body = reservation_json(reservation_id, &r);
         return from_primary(&front, HttpResponse::Ok(), body).await;
     }
-    let mut redis = front.redis.clone();
+    let mut redis = front.redis.conn();
     let owner = commands::queued_owner(&mut redis, &front.key_prefix, &reservation_id)
         .await
         .unwrap_or(None);

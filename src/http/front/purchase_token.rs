@@ -97,7 +97,7 @@ pub(super) async fn purchase_token_for(
         return HttpResponse::Conflict().json(json!({"status": "SALE_CLOSED"}));
     }
     let keys = SkuKeys::new(&front.key_prefix, activity_id, sku_id);
-    let mut redis = front.redis.clone();
+    let mut redis = front.redis.conn();
     let max_per_user = front.settings.purchase_token.max_per_user;
     match commands::count_purchase_token(&mut redis, &keys, user_id, sku.end_at.timestamp_millis())
         .await

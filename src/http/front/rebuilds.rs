@@ -12,14 +12,14 @@ use crate::store::Pool;
 pub(super) struct Rebuilds {
     running: Mutex<HashSet<i64>>,
     pool: Pool,
-    redis: ::redis::aio::ConnectionManager,
+    redis: crate::redis::MasterLink,
     key_prefix: String,
 }
 
 impl Rebuilds {
     pub(super) fn new(
         pool: Pool,
-        redis: ::redis::aio::ConnectionManager,
+        redis: crate::redis::MasterLink,
         key_prefix: String,
     ) -> Arc<Self> {
         Arc::new(Self {
@@ -58,7 +58,7 @@ impl Rebuilds {
                 return;
             }
         };
-        let mut redis = self.redis.clone();
+        let mut redis = self.redis.conn();
         match crate::rebuild::rebuild_activity(
             &conn.client,
             &mut redis,

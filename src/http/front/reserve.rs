@@ -130,7 +130,7 @@ pub(super) async fn reserve(
         request_ttl_secs: front.settings.request_ttl_secs,
         sale_end_ms: sku.end_at.timestamp_millis(),
     };
-    let mut redis = front.redis.clone();
+    let mut redis = front.redis.conn();
     let answer = match scripts::reserve(&mut redis, &keys, sku.buckets, &call).await {
         Ok(Reserved::Ok(answer)) => answer,
         Ok(Reserved::Replay(answer)) => return accepted(&answer),
@@ -202,7 +202,7 @@ async fn replay_or_sold_out(
     user_id: i64,
     request_id: &Uuid,
 ) -> HttpResponse {
-    let mut redis = front.redis.clone();
+    let mut redis = front.redis.conn();
     match commands::request_answer(&mut redis, keys, user_id, request_id).await {
         Ok(Some(answer)) => accepted(&answer),
         Ok(None) => {
@@ -251,7 +251,7 @@ fn order_message(
 
 /// Lets the status query tell a queued reservation from an unknown one.
 async fn mark_queued(front: &FrontStage, msg: &OrderCreateMessage, ttl_ms: i64) {
-    let mut redis = front.redis.clone();
+    let mut redis = front.redis.conn();
     let _ = commands::mark_queued(
         &mut redis,
         &front.key_prefix,
@@ -292,7 +292,7 @@ async fn release_unqueued(
     if !matches!(fenced, Ok(true)) {
         return unavailable("order queue unavailable; try again");
     }
-    let mut redis = front.redis.clone();
+    let mut redis = front.redis.conn();
     let given_back = scripts::give_back(&mut redis, keys, pending, front.marker_ttl_secs).await;
     let request_id = pending.request_id.unwrap_or_default();
     let forgot = commands::forget_request(&mut redis, keys, pending.user_id, &request_id).await;

@@ -21,8 +21,9 @@ use crate::store::{reads, Pool};
 /// What the handlers share.
 pub(super) struct FrontStage {
     pub(super) pool: Pool,
-    /// Reconnects by itself after a Redis restart or a dropped connection.
-    pub(super) redis: ::redis::aio::ConnectionManager,
+    /// Reconnects by itself after a Redis restart or a dropped connection, and
+    /// follows the master after a Sentinel fail-over.
+    pub(super) redis: crate::redis::MasterLink,
     pub(super) links: Links,
     pub(super) key_prefix: String,
     pub(super) names: Names,
