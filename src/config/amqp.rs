@@ -11,6 +11,10 @@ use crate::tls::TlsFiles;
 #[serde(deny_unknown_fields)]
 pub struct AmqpSettings {
     pub url: SecretString,
+    /// A cluster's nodes, tried in order until one answers (on every connect and
+    /// reconnect); empty: `url` alone.
+    #[serde(default)]
+    pub urls: Vec<SecretString>,
     pub namespace: String,
     pub shards: u16,
     pub owned_shards: Vec<u16>,
@@ -41,17 +45,37 @@ pub struct AmqpSettings {
 pub const MIN_SIGNING_SECRET_BYTES: usize = 32;
 
 impl AmqpSettings {
-    /// `frontstage_url`: `frontstage.amqp_url`, which uses this section's TLS files.
+    /// The broker's addresses in the order tried, and the key they come from:
+    /// `amqp.urls`, or `amqp.url` when that list is empty.
+    pub fn addresses(&self) -> (&'static str, Vec<SecretString>) {
+        if self.urls.is_empty() {
+            ("amqp.url", vec![self.url.clone()])
+        } else {
+            ("amqp.urls", self.urls.clone())
+        }
+    }
+
+    /// `frontstage`: `frontstage.amqp_url` and `frontstage.amqp_urls`, which use this
+    /// section's TLS files.
     pub(super) fn validate(
         &self,
         ctx: &Check,
-        frontstage_url: Option<&SecretString>,
+        frontstage: (Option<&SecretString>, &[SecretString]),
     ) -> Result<(), ConfigError> {
         let mut amqps = false;
-        for (key, url) in [
+        let listed = [
             ("amqp.url", Some(&self.url)),
-            ("frontstage.amqp_url", frontstage_url),
-        ] {
+            ("frontstage.amqp_url", frontstage.0),
+        ]
+        .into_iter()
+        .chain(self.urls.iter().map(|u| ("amqp.urls", Some(u))))
+        .chain(
+            frontstage
+                .1
+                .iter()
+                .map(|u| ("frontstage.amqp_urls", Some(u))),
+        );
+        for (key, url) in listed {
             let Some(url) = url else { continue };
             let uri = url
                 .expose_secret()

@@ -35,6 +35,10 @@ pub struct FrontstageSettings {
     /// order exchange only); unset: `amqp.url`. Uses `amqp.tls`.
     #[serde(default)]
     pub amqp_url: Option<SecretString>,
+    /// The same user on a cluster's nodes, tried in order (`amqp.urls`' twin); when
+    /// set, it wins over `amqp_url`.
+    #[serde(default)]
+    pub amqp_urls: Vec<SecretString>,
 }
 
 /// Deadlines and a cap for HTTP connections, so that no slow or idle client holds

@@ -107,7 +107,13 @@ impl Settings {
     fn validate(&mut self, ctx: &Check) -> Result<(), ConfigError> {
         ctx.bounds(BOUNDS, self)?;
         self.database.validate(ctx)?;
-        self.amqp.validate(ctx, self.frontstage.amqp_url.as_ref())?;
+        self.amqp.validate(
+            ctx,
+            (
+                self.frontstage.amqp_url.as_ref(),
+                &self.frontstage.amqp_urls,
+            ),
+        )?;
         self.redis.validate(ctx)?;
         self.http.validate(ctx)?;
         self.admin.validate(ctx)?;

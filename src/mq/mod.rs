@@ -59,16 +59,44 @@ fn is_404(e: &lapin::Error) -> bool {
     matches!(e.kind(), lapin::ErrorKind::ProtocolError(amqp) if amqp.get_id() == 404)
 }
 
-/// Opens a connection to `amqp.url` with `amqp.heartbeat_secs` unless the URL sets
-/// its own, within `amqp.connect_timeout_ms`; `amqps://` goes through rustls with
-/// `amqp.tls`. The URL is never logged nor put in an error (it carries credentials).
+/// Opens a connection to the broker (`amqp.urls` in order until one answers, else
+/// `amqp.url`) with `amqp.heartbeat_secs` unless the URL sets its own, each within
+/// `amqp.connect_timeout_ms`; `amqps://` goes through rustls with `amqp.tls`. A URL
+/// is never logged nor put in an error (it carries credentials).
 pub async fn connect(settings: &AmqpSettings, name: &str) -> Result<Connection, MqError> {
-    connect_to(settings, &settings.url, "amqp.url", name).await
+    let (key, urls) = settings.addresses();
+    connect_any(settings, &urls, key, name).await
 }
 
-/// `connect` to another URL of the same broker (`frontstage.amqp_url`), read from
-/// the configuration key `key`.
-pub async fn connect_to(
+/// `connect` to other URLs of the same broker (`frontstage.amqp_url(s)`), read from
+/// the configuration key `key`: the first that answers, in order; else the last
+/// one's error.
+pub async fn connect_any(
+    settings: &AmqpSettings,
+    urls: &[secrecy::SecretString],
+    key: &'static str,
+    name: &str,
+) -> Result<Connection, MqError> {
+    let mut failed = None;
+    for (node, url) in urls.iter().enumerate() {
+        match connect_to(settings, url, key, name).await {
+            Ok(connection) => {
+                if node > 0 {
+                    tracing::info!(key, node, "connected to the broker's node {node} of {key}");
+                }
+                return Ok(connection);
+            }
+            Err(e) => {
+                tracing::debug!(key, node, error = %e, "broker node did not answer; trying the next");
+                failed = Some(e);
+            }
+        }
+    }
+    Err(failed.unwrap_or(MqError::BadUrl(key)))
+}
+
+/// One connection to one URL, read from the configuration key `key`.
+async fn connect_to(
     settings: &AmqpSettings,
     url: &secrecy::SecretString,
     key: &'static str,

@@ -13,7 +13,7 @@ use secrecy::SecretString;
 use tokio::sync::RwLock;
 
 use super::publisher::ConfirmedPublisher;
-use super::{connect_to, MqError};
+use super::{connect_any, MqError};
 use crate::config::AmqpSettings;
 
 /// What a `Reconnecting` keeps open on its connection: a plain `Channel`, or a
@@ -62,8 +62,9 @@ impl<T: Opened> Open<T> {
 /// A connection of its own with one `T` open on it, reopened as needed.
 pub struct Reconnecting<T> {
     settings: AmqpSettings,
-    url: SecretString,
-    /// The configuration key of `url`, named when the broker refuses.
+    /// Tried in order on each (re)connect: a cluster's nodes, or one URL.
+    urls: Vec<SecretString>,
+    /// The configuration key of `urls`, named when the broker refuses.
     key: &'static str,
     /// The connection's name, as the broker shows it.
     name: &'static str,
@@ -72,22 +73,23 @@ pub struct Reconnecting<T> {
 }
 
 impl<T: Opened> Reconnecting<T> {
-    /// To `amqp.url`; opens nothing until first asked.
+    /// To `amqp.urls` (or `amqp.url`); opens nothing until first asked.
     pub fn new(settings: &AmqpSettings, name: &'static str) -> Self {
-        Self::to(settings, settings.url.clone(), "amqp.url", name)
+        let (key, urls) = settings.addresses();
+        Self::to(settings, urls, key, name)
     }
 
-    /// To another URL of the same broker (`frontstage.amqp_url`), read from the
+    /// To other URLs of the same broker (`frontstage.amqp_url(s)`), read from the
     /// configuration key `key`; opens nothing until first asked.
     pub fn to(
         settings: &AmqpSettings,
-        url: SecretString,
+        urls: Vec<SecretString>,
         key: &'static str,
         name: &'static str,
     ) -> Self {
         Self {
             settings: settings.clone(),
-            url,
+            urls,
             key,
             name,
             current: RwLock::new(None),
@@ -108,7 +110,7 @@ impl<T: Opened> Reconnecting<T> {
         let open = match current.take() {
             Some(open) if open.connection.status().connected() => current.insert(open),
             _ => current.insert(Open {
-                connection: connect_to(&self.settings, &self.url, self.key, self.name).await?,
+                connection: connect_any(&self.settings, &self.urls, self.key, self.name).await?,
                 opened: None,
             }),
         };

@@ -5,6 +5,7 @@ use seckill_testkit as common;
 
 mod admin;
 mod background;
+mod cluster;
 mod commands;
 mod deploy;
 mod door;

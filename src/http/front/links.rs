@@ -75,15 +75,16 @@ pub(super) struct Links {
 }
 
 impl Links {
-    /// Opens both links; `amqp.url` is the front stage's own broker URL.
+    /// Opens both links; `broker` is the front stage's own broker URLs and their key.
     pub(super) async fn open(
         redis: &crate::config::RedisSettings,
         amqp: AmqpSettings,
-        amqp_key: &'static str,
+        broker: (&'static str, Vec<secrecy::SecretString>),
         readiness: Arc<Readiness>,
     ) -> Result<Self, crate::http::HttpError> {
         let redis = crate::redis::MasterLink::open(redis).await?;
-        let publisher = Reconnecting::to(&amqp, amqp.url.clone(), amqp_key, "seckill-frontstage");
+        let (key, urls) = broker;
+        let publisher = Reconnecting::to(&amqp, urls, key, "seckill-frontstage");
         // Opened now: a broker that refuses fails the start, not the first buyer.
         publisher.get().await?;
         Ok(Self {

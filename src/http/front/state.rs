@@ -85,16 +85,21 @@ impl FrontStage {
         let tokens = &settings.frontstage.purchase_token;
         let purchase_secret = tokens.secret.clone().filter(|_| tokens.required);
         let replica = crate::store::build_replica_pool(&settings.database)?.map(Replica::new);
-        // Its own broker user when one is configured: write on the order exchange only.
-        let mut amqp = settings.amqp.clone();
-        let amqp_key = match &settings.frontstage.amqp_url {
-            Some(url) => {
-                amqp.url = url.clone();
-                "frontstage.amqp_url"
-            }
-            None => "amqp.url",
+        // Its own broker user when one is configured: write on the order exchange
+        // only; on a cluster, each node's URL, tried in order.
+        let front = &settings.frontstage;
+        let (amqp_key, amqp_urls) = match (&front.amqp_urls[..], &front.amqp_url) {
+            ([], None) => settings.amqp.addresses(),
+            ([], Some(url)) => ("frontstage.amqp_url", vec![url.clone()]),
+            (urls, _) => ("frontstage.amqp_urls", urls.to_vec()),
         };
-        let links = Links::open(&settings.redis, amqp, amqp_key, readiness).await?;
+        let links = Links::open(
+            &settings.redis,
+            settings.amqp.clone(),
+            (amqp_key, amqp_urls),
+            readiness,
+        )
+        .await?;
         // One connection opened now, so the first buyers do not wait for it; a
         // database that does not answer yet is the readiness monitor's to report.
         drop(pool.get().await);
