@@ -238,7 +238,8 @@ async fn a_crowd_beyond_the_descriptor_limit_cannot_stop_a_sale() {
         .env("SECKILL__FRONTSTAGE__LIMITS__HEADER_READ_MS", "1000")
         .env("SECKILL__FRONTSTAGE__LIMITS__BODY_READ_MS", "1000")
         .env("SECKILL__FRONTSTAGE__LIMITS__KEEP_ALIVE_MS", "2000");
-    let (serve, ready) = common::process::Serve::start(&mut cmd, "engine ready").await;
+    // Logged once both listeners are up (the front stage's comes first).
+    let (serve, ready) = common::process::Serve::start(&mut cmd, "admin endpoints listening").await;
     assert!(ready, "serve never got ready: {}", serve.logged());
     let json = std::env::temp_dir().join(format!("seckill-crowd-{}.json", uuid::Uuid::new_v4()));
     let mut bench = bench_cmd();
