@@ -466,16 +466,8 @@ async fn check_redis_reports_drift_between_redis_and_postgres() {
 
     // Every key gone (a Redis restart without persistence): the stock comes back,
     // all of it sellable (the pending set is gone with the rest).
-    let all: Vec<String> = ::redis::cmd("KEYS")
-        .arg(format!("{}:*", env.settings.redis.key_prefix))
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    let _: () = ::redis::cmd("DEL")
-        .arg(&all)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let pattern = format!("{}:*", env.settings.redis.key_prefix);
+    assert!(crate::common::redis_delete_matching(&mut redis, &pattern).await > 0);
     let out = rebuild();
     assert!(out.ok, "{}", out.text);
     assert_eq!(

@@ -234,17 +234,8 @@ async fn a_sale_whose_redis_keys_vanish_rebuilds_them_and_sells_the_rest() {
 
     // Every key of the sale goes, as with a Redis restart without persistence.
     let pattern = format!("{}:*", env.settings.redis.key_prefix);
-    let all: Vec<String> = ::redis::cmd("KEYS")
-        .arg(&pattern)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
-    assert!(!all.is_empty());
-    let _: () = ::redis::cmd("DEL")
-        .arg(&all)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    let deleted = crate::common::redis_delete_matching(&mut redis, &pattern).await;
+    assert!(deleted > 0);
 
     // The first 300 again, and 800 new buyers for the 700 units left.
     let second: Vec<Vec<u16>> = futures_util::future::join_all(

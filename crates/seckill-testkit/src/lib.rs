@@ -661,6 +661,40 @@ pub fn target_of(url: &str, default_port: u16) -> std::net::SocketAddr {
     .unwrap()
 }
 
+/// Deletes every key matching `pattern` (a test's own prefix: `{prefix}:*`), as a
+/// Redis restart without persistence would, through SCAN: `KEYS` walks the whole
+/// shared server at once and can outlast the connection's timeout on a busy machine.
+pub async fn redis_delete_matching(
+    redis: &mut ::redis::aio::MultiplexedConnection,
+    pattern: &str,
+) -> usize {
+    let mut cursor: u64 = 0;
+    let mut deleted = 0;
+    loop {
+        let (next, keys): (u64, Vec<String>) = ::redis::cmd("SCAN")
+            .arg(cursor)
+            .arg("MATCH")
+            .arg(pattern)
+            .arg("COUNT")
+            .arg(1_000)
+            .query_async(redis)
+            .await
+            .expect("SCAN");
+        if !keys.is_empty() {
+            let n: usize = ::redis::cmd("DEL")
+                .arg(&keys)
+                .query_async(redis)
+                .await
+                .expect("DEL");
+            deleted += n;
+        }
+        if next == 0 {
+            return deleted;
+        }
+        cursor = next;
+    }
+}
+
 /// Redis stock of buckets `0..buckets` of a SKU (a missing key reads as 0).
 pub async fn redis_stocks(
     redis: &mut ::redis::aio::MultiplexedConnection,
