@@ -9,59 +9,26 @@ use figment::providers::Serialized;
 
 use crate::common::builders;
 use crate::common::engine::EngineHandle;
-use crate::common::{count, free_port, wait_for, TestEnv};
+use crate::common::{count, wait_for, TestEnv};
 
-/// Three RabbitMQ nodes, clustered; stopped and removed when dropped.
-struct AmqpCluster {
-    dir: std::path::PathBuf,
-    ports: [u16; 3],
+/// `scripts/services up --amqp-cluster`: three RabbitMQ nodes on free ports.
+async fn amqp_cluster() -> crate::common::Topology {
+    crate::common::Topology::start(
+        "--amqp-cluster",
+        "SECKILL_AMQP_CLUSTER_PORTS",
+        3,
+        "amqp-cluster.toml",
+    )
+    .await
 }
 
-impl AmqpCluster {
-    async fn start() -> AmqpCluster {
-        let dir =
-            std::env::temp_dir().join(format!("seckill-ac-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let cluster = AmqpCluster {
-            dir,
-            ports: [(); 3].map(|_| free_port()),
-        };
-        let out = cluster.script(&["up", "--amqp-cluster"]).await;
-        assert!(cluster.dir.join("amqp-cluster.toml").exists(), "{out}");
-        cluster
-    }
-
-    async fn script(&self, args: &[&str]) -> String {
-        crate::common::project_script(
-            "scripts/services",
-            args,
-            &[
-                ("SECKILL_SERVICES_DIR", self.dir.display().to_string()),
-                (
-                    "SECKILL_AMQP_CLUSTER_PORTS",
-                    self.ports.map(|p| p.to_string()).join(" "),
-                ),
-            ],
-        )
-        .await
-    }
-
-    fn urls(&self) -> Vec<String> {
-        self.ports
-            .iter()
-            .map(|p| format!("amqp://guest:guest@127.0.0.1:{p}/%2f"))
-            .collect()
-    }
-}
-
-impl Drop for AmqpCluster {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(crate::common::repo_root().join("scripts/services"))
-            .arg("down")
-            .env("SECKILL_SERVICES_DIR", &self.dir)
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// The nodes' URLs, in order.
+fn urls(cluster: &crate::common::Topology) -> Vec<String> {
+    cluster
+        .ports
+        .iter()
+        .map(|p| format!("amqp://guest:guest@127.0.0.1:{p}/%2f"))
+        .collect()
 }
 
 /// The node the engine and the front stage are connected to (the first of
@@ -72,8 +39,8 @@ impl Drop for AmqpCluster {
 /// other two nodes.
 #[actix_rt::test]
 async fn stopping_the_node_the_engine_uses_loses_and_duplicates_nothing() {
-    let cluster = AmqpCluster::start().await;
-    let urls = cluster.urls();
+    let cluster = amqp_cluster().await;
+    let urls = urls(&cluster);
     let env = TestEnv::with(|f| {
         f.merge(Serialized::default("amqp.url", &urls[0]))
             .merge(Serialized::default("amqp.urls", &urls))
@@ -107,7 +74,9 @@ async fn stopping_the_node_the_engine_uses_loses_and_duplicates_nothing() {
     })
     .await;
 
-    let out = cluster.script(&["amqp-cluster-ctl", "1", "stop_app"]).await;
+    let out = cluster
+        .services(&["amqp-cluster-ctl", "1", "stop_app"])
+        .await;
     let stopped = Instant::now();
     // The rest through another node, as a producer that lost its node would.
     let survivor = {

@@ -283,56 +283,17 @@ async fn a_sale_whose_redis_keys_vanish_rebuilds_them_and_sells_the_rest() {
     env.cleanup().await;
 }
 
-/// `scripts/services up --redis-ha` on free ports under a directory of the test's
-/// own; stopped and removed when dropped.
-struct RedisHa {
-    dir: std::path::PathBuf,
-    ports: [u16; 5],
+/// `scripts/services up --redis-ha` (r0, r1, three sentinels) on free ports.
+async fn redis_ha() -> crate::common::Topology {
+    crate::common::Topology::start("--redis-ha", "SECKILL_REDIS_HA_PORTS", 5, "redis-ha.toml").await
 }
 
-impl RedisHa {
-    async fn start() -> RedisHa {
-        let dir =
-            std::env::temp_dir().join(format!("seckill-rha-{}", uuid::Uuid::new_v4().simple()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let ports = [(); 5].map(|_| crate::common::free_port());
-        let ha = RedisHa { dir, ports };
-        let out = ha.script(&["up", "--redis-ha"]).await;
-        assert!(ha.dir.join("redis-ha.toml").exists(), "{out}");
-        ha
-    }
-
-    async fn script(&self, args: &[&str]) -> String {
-        crate::common::project_script(
-            "scripts/services",
-            args,
-            &[
-                ("SECKILL_SERVICES_DIR", self.dir.display().to_string()),
-                (
-                    "SECKILL_REDIS_HA_PORTS",
-                    self.ports.map(|p| p.to_string()).join(" "),
-                ),
-            ],
-        )
-        .await
-    }
-
-    fn sentinels(&self) -> Vec<String> {
-        self.ports[2..]
-            .iter()
-            .map(|p| format!("redis://127.0.0.1:{p}"))
-            .collect()
-    }
-}
-
-impl Drop for RedisHa {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(crate::common::repo_root().join("scripts/services"))
-            .arg("down")
-            .env("SECKILL_SERVICES_DIR", &self.dir)
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// The sentinels' URLs of a `redis_ha` topology.
+fn sentinels(ha: &crate::common::Topology) -> Vec<String> {
+    ha.ports[2..]
+        .iter()
+        .map(|p| format!("redis://127.0.0.1:{p}"))
+        .collect()
 }
 
 /// Issue 48, "Redis master killed": a sale through HTTP on a Sentinel topology (a
@@ -341,9 +302,9 @@ impl Drop for RedisHa {
 /// within 10 s of the kill, and exactly the stock is sold.
 #[actix_rt::test]
 async fn the_front_stage_follows_a_promoted_redis_master_without_a_restart() {
-    let ha = RedisHa::start().await;
+    let ha = redis_ha().await;
     let (env, db) = Sale::new()
-        .set("redis.sentinels", ha.sentinels())
+        .set("redis.sentinels", sentinels(&ha))
         .set("redis.master_name", "seckill")
         .set("redis.url", format!("redis://127.0.0.1:{}", ha.ports[0]))
         .set("frontstage.rate_limit.per_address_per_s", 0)
@@ -376,7 +337,7 @@ async fn the_front_stage_follows_a_promoted_redis_master_without_a_restart() {
     .await;
     assert!(before.iter().all(|a| a == &[202]), "{before:?}");
 
-    let killed = ha.script(&["redis-ha-kill-master"]).await;
+    let killed = ha.services(&["redis-ha-kill-master"]).await;
     let kill_at = Instant::now();
     // Buyers keep coming, a few at a time, each retrying its 503s.
     let first_503 = std::sync::Mutex::new(None);

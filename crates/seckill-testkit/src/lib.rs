@@ -661,6 +661,67 @@ pub fn target_of(url: &str, default_port: u16) -> std::net::SocketAddr {
     .unwrap()
 }
 
+/// A topology a project script starts for one test (`scripts/services up
+/// --redis-ha`, `--amqp-cluster`): free ports given through `ports_var`, files under a
+/// directory of the test's own; `scripts/services down` and the directory removed
+/// when dropped.
+pub struct Topology {
+    pub dir: PathBuf,
+    pub ports: Vec<u16>,
+    ports_var: &'static str,
+}
+
+impl Topology {
+    /// Runs `scripts/services up <flag>` on `count` free ports and checks that it
+    /// wrote `settings_file` (its settings for the engine) in the directory.
+    pub async fn start(
+        flag: &str,
+        ports_var: &'static str,
+        count: usize,
+        settings_file: &str,
+    ) -> Topology {
+        let dir = std::env::temp_dir().join(format!("seckill-topo-{}", Uuid::new_v4().simple()));
+        std::fs::create_dir_all(&dir).expect("topology dir");
+        let topology = Topology {
+            dir,
+            ports: (0..count).map(|_| free_port()).collect(),
+            ports_var,
+        };
+        let out = topology.services(&["up", flag]).await;
+        assert!(topology.dir.join(settings_file).exists(), "{out}");
+        topology
+    }
+
+    /// `scripts/services ARGS` against this topology; its output.
+    pub async fn services(&self, args: &[&str]) -> String {
+        let ports = self
+            .ports
+            .iter()
+            .map(u16::to_string)
+            .collect::<Vec<_>>()
+            .join(" ");
+        project_script(
+            "scripts/services",
+            args,
+            &[
+                ("SECKILL_SERVICES_DIR", self.dir.display().to_string()),
+                (self.ports_var, ports),
+            ],
+        )
+        .await
+    }
+}
+
+impl Drop for Topology {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(repo_root().join("scripts/services"))
+            .arg("down")
+            .env("SECKILL_SERVICES_DIR", &self.dir)
+            .output();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
 /// Deletes every key matching `pattern` (a test's own prefix: `{prefix}:*`), as a
 /// Redis restart without persistence would, through SCAN: `KEYS` walks the whole
 /// shared server at once and can outlast the connection's timeout on a busy machine.
