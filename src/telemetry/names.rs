@@ -38,7 +38,8 @@ pub const DB_LOCK_WAIT_MAX_SECONDS: &str = "seckill_db_lock_wait_max_seconds";
 pub const DB_LOCK_WAITING_SESSIONS: &str = "seckill_db_lock_waiting_sessions";
 /// The server's WAL position in bytes (its rate is the WAL written per second).
 /// Rebuilds of a sale's Redis keys from PostgreSQL, by `trigger` (`lost_keys`: the
-/// front stage found them gone; `command`: `seckill-engine redis rebuild`).
+/// front stage found them gone; `master_moved`: a Sentinel fail-over promoted another
+/// server; `command`: `seckill-engine redis rebuild`).
 pub const REDIS_REBUILDS_TOTAL: &str = "seckill_redis_rebuilds_total";
 pub const DB_WAL_BYTES: &str = "seckill_db_wal_bytes";
 /// 1 while WAL archiving is on (`archive_mode`), else 0.
@@ -276,7 +277,7 @@ pub const CATALOGUE: &[Metric] = &[
     Metric { name: DB_LOCK_TIMEOUTS_TOTAL, kind: Kind::Counter, help: "Order transactions aborted by `database.lock_timeout_ms` (SQLSTATE 55P03)." },
     Metric { name: DB_LOCK_WAIT_MAX_SECONDS, kind: Kind::Gauge, help: "How long the longest lock wait in the engine's database has lasted so far (0 when none waits)." },
     Metric { name: DB_LOCK_WAITING_SESSIONS, kind: Kind::Gauge, help: "Sessions of the engine's database waiting for a lock right now." },
-    Metric { name: REDIS_REBUILDS_TOTAL, kind: Kind::Counter, help: "Rebuilds of a sale's Redis keys from PostgreSQL, by trigger (lost_keys, command)." },
+    Metric { name: REDIS_REBUILDS_TOTAL, kind: Kind::Counter, help: "Rebuilds of a sale's Redis keys from PostgreSQL, by trigger (lost_keys, master_moved, command)." },
     Metric { name: DB_WAL_BYTES, kind: Kind::Gauge, help: "The server's WAL position in bytes (its rate is the WAL written per second)." },
     Metric { name: DB_WAL_ARCHIVE_ENABLED, kind: Kind::Gauge, help: "1 while WAL archiving is on (archive_mode), else 0." },
     Metric { name: DB_WAL_ARCHIVED_TOTAL, kind: Kind::Counter, help: "WAL segments archived (pg_stat_archiver)." },

@@ -96,10 +96,13 @@ impl Links {
 
     /// Checks the front stage's own links once and reports them (`/readyz`): Redis
     /// answers a PING, and the broker channel is open (reopened here if it was
-    /// closed, so the first buyer after a blip does not pay for it).
-    pub(super) async fn check(&self) {
+    /// closed, so the first buyer after a blip does not pay for it). True when the
+    /// Redis master moved (Sentinel) and the front stage now follows another server.
+    pub(super) async fn check(&self) -> bool {
+        let mut moved = false;
         match tokio::time::timeout(LINK_CHECK_TIMEOUT, self.redis.follow()).await {
             Ok(Ok(Some(master))) => {
+                moved = true;
                 tracing::info!(%master, "Redis master moved (Sentinel); the front stage follows it")
             }
             Ok(Ok(None)) => {}
@@ -129,6 +132,7 @@ impl Links {
                 None => tracing::info!("front stage links up"),
             }
         }
+        moved
     }
 
     /// The confirm channel; reopened (on a new connection if need be) after the broker

@@ -131,7 +131,11 @@ fn watch(front: Weak<FrontStage>) {
         loop {
             tokio::time::sleep(links::LINK_CHECK_INTERVAL).await;
             let Some(front) = links.upgrade() else { break };
-            front.links.check().await;
+            // A promoted replica may lack the old master's last writes: the live
+            // sales' keys are recomputed from PostgreSQL (issue 48).
+            if front.links.check().await {
+                front.rebuilds.start_live(rebuilds::Trigger::MasterMoved);
+            }
         }
     });
     // The limiters forget keys that have fully recovered and the SKU cache the sales

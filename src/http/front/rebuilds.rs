@@ -1,13 +1,34 @@
-//! The front stage repairing a sale whose Redis keys are gone (the reserve script
-//! answers `Lost`): it starts one rebuild from PostgreSQL (`crate::rebuild`) per
-//! activity in this process, and the rebuild's advisory lock leaves it to one
-//! instance among many; buyers meanwhile get 503 with `Retry-After`, and sell again
-//! once the keys are back. No operator is needed.
+//! The front stage repairing a sale's Redis keys from PostgreSQL (`crate::rebuild`):
+//! when they are gone (the reserve script answers `Lost`), and when a Sentinel
+//! fail-over promoted a replica, which may have missed the old master's last writes
+//! (a reservation's decrement or a give-back's increment; asynchronous replication).
+//! One rebuild per activity runs in this process, and the rebuild's advisory lock
+//! leaves it to one instance among many; buyers of a sale whose keys are gone get 503
+//! with `Retry-After` meanwhile, and sell again once the keys are back. No operator is
+//! needed.
 
 use std::collections::HashSet;
 use std::sync::{Arc, Mutex};
 
 use crate::store::Pool;
+
+/// Why a rebuild runs (the `trigger` label of `seckill_redis_rebuilds_total`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Trigger {
+    /// The sale's keys were gone.
+    LostKeys,
+    /// The Sentinels promoted another Redis server.
+    MasterMoved,
+}
+
+impl Trigger {
+    fn label(self) -> &'static str {
+        match self {
+            Trigger::LostKeys => "lost_keys",
+            Trigger::MasterMoved => "master_moved",
+        }
+    }
+}
 
 pub(super) struct Rebuilds {
     running: Mutex<HashSet<i64>>,
@@ -30,8 +51,28 @@ impl Rebuilds {
         })
     }
 
+    /// Starts a rebuild of every live sale (after a Redis fail-over).
+    pub(super) fn start_live(self: &Arc<Self>, trigger: Trigger) {
+        let this = self.clone();
+        actix_rt::spawn(async move {
+            let live = match this.pool.get().await {
+                Ok(conn) => crate::store::health::live_activities(&conn.client).await,
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot rebuild the live sales' Redis keys: no database connection");
+                    return;
+                }
+            };
+            match live {
+                Ok(ids) => ids.into_iter().for_each(|id| this.start(id, trigger)),
+                Err(e) => {
+                    tracing::warn!(error = %e, "cannot rebuild the live sales' Redis keys: listing them failed")
+                }
+            }
+        });
+    }
+
     /// Starts a rebuild of `activity_id` unless one runs in this process already.
-    pub(super) fn start(self: &Arc<Self>, activity_id: i64) {
+    pub(super) fn start(self: &Arc<Self>, activity_id: i64, trigger: Trigger) {
         let fresh = self
             .running
             .lock()
@@ -42,7 +83,7 @@ impl Rebuilds {
         }
         let this = self.clone();
         actix_rt::spawn(async move {
-            this.run(activity_id).await;
+            this.run(activity_id, trigger).await;
             this.running
                 .lock()
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -50,7 +91,7 @@ impl Rebuilds {
         });
     }
 
-    async fn run(&self, activity_id: i64) {
+    async fn run(&self, activity_id: i64, trigger: Trigger) {
         let conn = match self.pool.get().await {
             Ok(conn) => conn,
             Err(e) => {
@@ -70,15 +111,24 @@ impl Rebuilds {
             Ok(skus) => {
                 let units: i64 = skus.iter().flat_map(|s| &s.buckets).map(|b| b.after).sum();
                 let marks: i64 = skus.iter().map(|s| s.marks_added).sum();
-                metrics::counter!(crate::telemetry::names::REDIS_REBUILDS_TOTAL, "trigger" => "lost_keys")
+                metrics::counter!(crate::telemetry::names::REDIS_REBUILDS_TOTAL, "trigger" => trigger.label())
                     .increment(1);
-                tracing::warn!(
-                    activity_id,
-                    skus = skus.len(),
-                    units,
-                    marks,
-                    "the sale's Redis keys were gone; rebuilt them from PostgreSQL"
-                );
+                match trigger {
+                    Trigger::LostKeys => tracing::warn!(
+                        activity_id,
+                        skus = skus.len(),
+                        units,
+                        marks,
+                        "the sale's Redis keys were gone; rebuilt them from PostgreSQL"
+                    ),
+                    Trigger::MasterMoved => tracing::info!(
+                        activity_id,
+                        skus = skus.len(),
+                        units,
+                        marks,
+                        "Redis master moved; rebuilt the sale's keys from PostgreSQL"
+                    ),
+                }
             }
             // Another instance is rebuilding: its keys will do.
             Err(crate::rebuild::RebuildError::Busy(_)) => {}

@@ -140,7 +140,9 @@ pub(super) async fn reserve(
             return conflict("SOLD_OUT");
         }
         Ok(Reserved::Lost) => {
-            front.rebuilds.start(activity_id);
+            front
+                .rebuilds
+                .start(activity_id, super::rebuilds::Trigger::LostKeys);
             return HttpResponse::ServiceUnavailable()
                 .insert_header((RETRY_AFTER, "1"))
                 .json(json!({
