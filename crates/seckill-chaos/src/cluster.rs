@@ -417,7 +417,172 @@ impl HaTopology {
         Ok(text)
     }
 
+    /// The servers `scripts/failover status` shows as standbys (`pgN`).
+    pub fn standbys(&self) -> anyhow::Result<Vec<String>> {
+        // Its exit status says whether a server is down; the lines say the roles.
+        let out = Command::new(self.script.with_file_name("failover"))
+            .arg("status")
+            .envs(self.env())
+            .output()
+            .context("running scripts/failover status")?;
+        Ok(String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                // `pg1:      127.0.0.1:5433  standby, sync, ...`
+                let mut words = l.split_whitespace();
+                let name = words.next()?.strip_suffix(':')?;
+                let role = words.nth(1)?;
+                role.starts_with("standby").then(|| name.to_owned())
+            })
+            .collect())
+    }
+
     /// Stops the three servers.
+    pub fn stop(&self) {
+        let _ = Command::new(&self.script)
+            .arg("down")
+            .envs(self.env())
+            .output();
+    }
+}
+
+/// A Redis Sentinel topology or a three-node RabbitMQ cluster of one scenario
+/// (`scripts/services up --redis-ha` or `up --amqp-cluster` in a directory of its
+/// own, on free ports), broken with the script's own commands.
+#[derive(Clone)]
+pub struct ServiceTopology {
+    pub kind: Extra,
+    pub dir: PathBuf,
+    pub ports: Vec<u16>,
+    script: PathBuf,
+}
+
+/// Which extra topology a scenario runs on.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Extra {
+    /// A Redis master, a replica and three sentinels (`up --redis-ha`).
+    RedisHa,
+    /// Three clustered RabbitMQ nodes (`up --amqp-cluster`).
+    AmqpCluster,
+}
+
+impl Extra {
+    fn flag(self) -> &'static str {
+        match self {
+            Extra::RedisHa => "--redis-ha",
+            Extra::AmqpCluster => "--amqp-cluster",
+        }
+    }
+    fn ports_var(self) -> &'static str {
+        match self {
+            Extra::RedisHa => "SECKILL_REDIS_HA_PORTS",
+            Extra::AmqpCluster => "SECKILL_AMQP_CLUSTER_PORTS",
+        }
+    }
+    fn port_count(self) -> usize {
+        match self {
+            Extra::RedisHa => 5,
+            Extra::AmqpCluster => 3,
+        }
+    }
+    fn settings_file(self) -> &'static str {
+        match self {
+            Extra::RedisHa => "redis-ha.toml",
+            Extra::AmqpCluster => "amqp-cluster.toml",
+        }
+    }
+}
+
+impl ServiceTopology {
+    pub fn start(cluster: &Cluster, name: &str, kind: Extra) -> anyhow::Result<ServiceTopology> {
+        let topology = ServiceTopology {
+            kind,
+            dir: cluster.dir.join(format!("{}-{name}", &kind.flag()[2..])),
+            ports: (0..kind.port_count()).map(|_| free_port()).collect(),
+            script: cluster.script.clone(),
+        };
+        std::fs::create_dir_all(&topology.dir)?;
+        // The plain services are the cluster's (they answer, so `up` uses them).
+        let out = Command::new(&topology.script)
+            .args(["up", kind.flag()])
+            .envs(topology.env())
+            .env("SECKILL__DATABASE__URL", cluster.pg_url("seckill"))
+            .env("SECKILL__AMQP__URL", cluster.amqp_url())
+            .env("SECKILL__REDIS__URL", cluster.redis_url())
+            .output()
+            .with_context(|| format!("running scripts/services up {}", kind.flag()))?;
+        if !out.status.success() || !topology.settings().is_file() {
+            bail!(
+                "scripts/services up {} failed:\n{}{}",
+                kind.flag(),
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        Ok(topology)
+    }
+
+    fn env(&self) -> Vec<(&'static str, String)> {
+        vec![
+            ("SECKILL_SERVICES_DIR", self.dir.display().to_string()),
+            (
+                self.kind.ports_var(),
+                self.ports
+                    .iter()
+                    .map(u16::to_string)
+                    .collect::<Vec<_>>()
+                    .join(" "),
+            ),
+        ]
+    }
+
+    /// The engine settings the script wrote for this topology (a `--config` file).
+    pub fn settings(&self) -> PathBuf {
+        self.dir.join(self.kind.settings_file())
+    }
+
+    /// `scripts/services ARGS` against this topology; its output.
+    pub fn services(&self, args: &[&str]) -> anyhow::Result<String> {
+        let out = Command::new(&self.script)
+            .args(args)
+            .envs(self.env())
+            .output()
+            .context("running scripts/services")?;
+        let text = format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr)
+        );
+        if !out.status.success() {
+            bail!("scripts/services {args:?} failed:\n{text}");
+        }
+        Ok(text)
+    }
+
+    /// The AMQP cluster node (1, 2 or 3) that holds most of the engines' order
+    /// intake connections (named `seckill-intake…`), as node `ask` lists the
+    /// cluster's connections.
+    pub fn node_of_intakes(&self, ask: usize) -> anyhow::Result<Option<usize>> {
+        let out = self.services(&[
+            "amqp-cluster-ctl",
+            &ask.to_string(),
+            "list_connections",
+            "-q",
+            "port",
+            "client_properties",
+        ])?;
+        let mut counts = [0usize; 3];
+        for line in out.lines().filter(|l| l.contains("seckill-intake")) {
+            let port = line.split_whitespace().next().and_then(|p| p.parse().ok());
+            if let Some(i) = self.ports.iter().position(|p| Some(*p) == port) {
+                counts[i] += 1;
+            }
+        }
+        let best = (0..3).max_by_key(|i| counts[*i]).unwrap_or(0);
+        Ok((counts[best] > 0).then_some(best + 1))
+    }
+
+    /// Stops the topology's processes.
     pub fn stop(&self) {
         let _ = Command::new(&self.script)
             .arg("down")

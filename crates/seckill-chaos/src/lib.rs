@@ -19,7 +19,7 @@ use figment::providers::Serialized;
 use rand::Rng;
 
 pub use account::Account;
-use cluster::{Cluster, EngineProc, HaTopology};
+use cluster::{Cluster, EngineProc, Extra, HaTopology, ServiceTopology};
 use workload::{Plan, Shape};
 
 use seckill_engine::config::{self, Settings};
@@ -90,6 +90,19 @@ pub enum Fault {
     /// The primary turned read-only (`default_transaction_read_only`, as a fencing
     /// tool does; sessions keep running and get 25006) for 4 s, every 8 s.
     PgReadOnly,
+    /// The Sentinel topology's Redis master SIGKILLed; once a replica is promoted,
+    /// the old master restarted as its replica; every 8 s.
+    RedisMasterKill,
+    /// The RabbitMQ cluster node holding the engine's order intakes stopped
+    /// (`stop_app`) for 5 s, then started again; every 12 s.
+    AmqpNodeStop,
+    /// The HA primary's `archive_command` made to fail (`exit 1`) for the whole
+    /// sale, with a WAL switch every 2 s; the count is of failed archive attempts.
+    WalArchiveFailing,
+    /// Both synchronous standbys stopped, the primary crashed 3 s later, a standby
+    /// promoted: what the primary committed alone is lost, so an order acked
+    /// without a standby would be lost; every 12 s.
+    SyncStandbyLost,
 }
 
 pub struct Scenario {
@@ -107,6 +120,11 @@ pub struct Scenario {
     /// Runs on a PostgreSQL HA topology of its own: `Some(true)` with a synchronous
     /// standby quorum of one, `Some(false)` with asynchronous standbys.
     pub ha: Option<bool>,
+    /// Runs on a Redis Sentinel topology or a RabbitMQ cluster of its own.
+    pub extra: Option<Extra>,
+    /// `ALTER DATABASE … SET synchronous_commit` before the engines start: a
+    /// database default the engine must override (issue 48).
+    pub database_synchronous_commit: Option<&'static str>,
 }
 
 impl Scenario {
@@ -131,6 +149,8 @@ pub fn scenarios() -> Vec<Scenario> {
         engine_env: &[],
         shards: 2,
         ha: Option::None,
+        extra: Option::None,
+        database_synchronous_commit: Option::None,
     };
     vec![
         s(
@@ -313,6 +333,55 @@ pub fn scenarios() -> Vec<Scenario> {
                 false,
             )
         },
+        // Issue 48: no single server. A Redis master lost with Sentinel, a RabbitMQ
+        // node lost in a three-node cluster, a failing WAL archive, and a
+        // synchronous standby lost while the database default is `local`.
+        Scenario {
+            extra: Some(Extra::RedisHa),
+            ..s(
+                "redis_master_kill",
+                Shape::PaymentsRace,
+                (600, 2_000),
+                RedisMasterKill,
+                1,
+                false,
+            )
+        },
+        Scenario {
+            extra: Some(Extra::AmqpCluster),
+            ..s(
+                "amqp_node_stop",
+                Shape::Unique,
+                (1_500, 6_000),
+                AmqpNodeStop,
+                1,
+                false,
+            )
+        },
+        Scenario {
+            ha: Some(true),
+            ..s(
+                "wal_archive_failing",
+                Shape::Unique,
+                (1_500, 6_000),
+                WalArchiveFailing,
+                1,
+                false,
+            )
+        },
+        Scenario {
+            engine_env: &[("SECKILL__AMQP__MAX_RETRIES", "3")],
+            ha: Some(true),
+            database_synchronous_commit: Some("local"),
+            ..s(
+                "sync_standby_lost",
+                Shape::Sale16,
+                (1_500, 5_455),
+                SyncStandbyLost,
+                1,
+                false,
+            )
+        },
         s(
             "fp_publish_before_confirm",
             Shape::Unique,
@@ -421,16 +490,17 @@ pub async fn run(args: &ChaosArgs) -> anyhow::Result<Vec<Account>> {
 /// private services.
 fn scenario_settings(
     cluster: &Cluster,
-    ha: Option<&HaTopology>,
+    topology: Topology<'_>,
     name: &str,
     shards: u16,
 ) -> anyhow::Result<Settings> {
     let tag = &uuid::Uuid::new_v4().simple().to_string()[..8];
     let db = format!("chaos_{name}_{tag}");
-    let figment = config::figment(None)
+    let extra = topology.extra.map(ServiceTopology::settings);
+    let figment = config::figment(extra.as_deref())
         .merge(Serialized::default(
             "database.url",
-            match ha {
+            match topology.ha {
                 Some(ha) => ha.url(&db),
                 None => cluster.pg_url(&db),
             },
@@ -519,27 +589,70 @@ async fn run_scenario(
         Some(sync) => Some(HaTopology::start(cluster, scenario.name, sync)?),
         None => None,
     };
-    let result = run_on(cluster, ha.as_ref(), exe, scenario, profile, started).await;
+    let extra = match scenario.extra {
+        Some(kind) => match ServiceTopology::start(cluster, scenario.name, kind) {
+            Ok(extra) => Some(extra),
+            Err(e) => {
+                if let Some(ha) = &ha {
+                    ha.stop();
+                }
+                return Err(e);
+            }
+        },
+        None => None,
+    };
+    let topology = Topology {
+        ha: ha.as_ref(),
+        extra: extra.as_ref(),
+    };
+    let result = run_on(cluster, topology, exe, scenario, profile, started).await;
     if let Some(ha) = &ha {
         ha.stop();
+    }
+    if let Some(extra) = &extra {
+        extra.stop();
     }
     result
 }
 
+/// The topologies a scenario runs on besides the cluster's single servers.
+#[derive(Clone, Copy)]
+struct Topology<'a> {
+    ha: Option<&'a HaTopology>,
+    extra: Option<&'a ServiceTopology>,
+}
+
 async fn run_on(
     cluster: &Cluster,
-    ha: Option<&HaTopology>,
+    topology: Topology<'_>,
     exe: &Path,
     scenario: &Scenario,
     profile: Profile,
     started: Instant,
 ) -> anyhow::Result<Account> {
-    let settings = scenario_settings(cluster, ha, scenario.name, scenario.shards)?;
+    let Topology { ha, extra } = topology;
+    let settings = scenario_settings(cluster, topology, scenario.name, scenario.shards)?;
     store::migrate::migrate(
         &store::admin_pg_config(&settings.database)?,
         settings.database.role_prefix.as_deref(),
     )
     .await?;
+    if let Some(level) = scenario.database_synchronous_commit {
+        // A static statement per level: the database name is quoted by PostgreSQL.
+        let admin = pg_admin(&settings).await?;
+        admin
+            .execute(
+                "SELECT set_config('seckill.chaos_level', $1, false)",
+                &[&level],
+            )
+            .await?;
+        admin
+            .batch_execute(
+                "DO $$ BEGIN EXECUTE format('ALTER DATABASE %I SET synchronous_commit = %L', \
+                 current_database(), current_setting('seckill.chaos_level')); END $$",
+            )
+            .await?;
+    }
     let buyers = match profile {
         Profile::Short => scenario.buyers.0,
         Profile::Full => scenario.buyers.1,
@@ -554,6 +667,14 @@ async fn run_on(
     let mut started_engines = Vec::new();
     for i in 0..scenario.engines {
         let mut env = engine_env(&settings);
+        if let Some(extra) = extra {
+            // The topology's list settings (sentinels, node URLs), as an operator
+            // would pass them.
+            env.push((
+                "SECKILL_CONFIG".to_owned(),
+                extra.settings().display().to_string(),
+            ));
+        }
         env.extend(
             scenario
                 .engine_env
@@ -578,7 +699,7 @@ async fn run_on(
     let fault_task = actix_rt::spawn(inject(
         scenario.fault,
         ClusterRef::new(cluster),
-        ha.cloned(),
+        (ha.cloned(), extra.cloned()),
         settings.clone(),
         engines.clone(),
         stop.clone(),
@@ -607,7 +728,7 @@ async fn run_on(
     tokio::time::sleep(Duration::from_secs(3)).await;
     stop.set(true);
     let _ = fault_task.await;
-    heal(cluster, ha, &settings, &engines).await?;
+    heal(cluster, topology, &settings, &engines).await?;
     eprintln!("chaos: healed; draining");
 
     let drained =
@@ -631,7 +752,11 @@ async fn run_on(
         samples: &samples,
         logs: &log_files,
         drained,
-        redis_trusted: scenario.fault != Fault::RedisKill,
+        redis: match scenario.fault {
+            Fault::RedisKill => account::RedisModel::Lost,
+            Fault::RedisMasterKill => account::RedisModel::Rebuilt,
+            _ => account::RedisModel::Untouched,
+        },
         loss_allowed: scenario.loss_allowed(),
         elapsed: started.elapsed(),
     })
@@ -668,10 +793,11 @@ impl ClusterRef {
 /// Brings every service and engine back before draining.
 async fn heal(
     cluster: &Cluster,
-    ha: Option<&HaTopology>,
+    topology: Topology<'_>,
     settings: &Settings,
     engines: &Rc<RefCell<Vec<EngineProc>>>,
 ) -> anyhow::Result<()> {
+    let Topology { ha, extra } = topology;
     for rule in cluster.net_rules() {
         // Rules still in place from an interrupted cut; an absent rule is fine.
         while cluster::iptables("-D", &rule).is_ok() {}
@@ -681,12 +807,30 @@ async fn heal(
         // Every server that is down comes back as a standby of the primary.
         ha.failover(&["rejoin"])?;
     }
-    // A primary left read-only by an interrupted PgReadOnly step.
+    // A primary left read-only by an interrupted PgReadOnly step; the topology's
+    // own archive_command back after WalArchiveFailing.
     if let Ok(admin) = pg_admin(settings).await {
         let _ = admin
             .batch_execute("ALTER SYSTEM RESET default_transaction_read_only")
             .await;
+        let _ = admin
+            .batch_execute("ALTER SYSTEM RESET archive_command")
+            .await;
         let _ = admin.batch_execute("SELECT pg_reload_conf()").await;
+    }
+    match extra {
+        Some(extra) if extra.kind == Extra::AmqpCluster => {
+            for node in ["1", "2", "3"] {
+                let _ = extra.services(&["amqp-cluster-ctl", node, "start_app"]);
+            }
+        }
+        // Every Redis server that is down comes back as a replica.
+        Some(extra) => {
+            for port in &extra.ports[..2] {
+                let _ = extra.services(&["redis-ha-restart", &port.to_string()]);
+            }
+        }
+        None => {}
     }
     let _ = cluster.rabbitmqctl(&["start_app"]);
     if let Ok(mut redis) = cluster.redis().await {
@@ -720,7 +864,7 @@ async fn pg_admin(settings: &Settings) -> anyhow::Result<tokio_postgres::Client>
 async fn inject(
     fault: Fault,
     cluster: ClusterRef,
-    ha: Option<HaTopology>,
+    (ha, extra): (Option<HaTopology>, Option<ServiceTopology>),
     settings: Settings,
     engines: Rc<RefCell<Vec<EngineProc>>>,
     stop: Rc<Cell<bool>>,
@@ -734,6 +878,9 @@ async fn inject(
         .and_then(|c| c.get_dbname().map(str::to_owned))
         .unwrap_or_default();
     let mut admin: Option<tokio_postgres::Client> = None;
+    // WalArchiveFailing: the archiver's failed count when the fault began.
+    let mut archive_failed_at_start: Option<i64> = None;
+    let mut archive_admin: Option<tokio_postgres::Client> = None;
     while !stop.get() {
         tokio::time::sleep(Duration::from_millis(50)).await;
         // Supervise: an engine that exited on its own is started again.
@@ -891,6 +1038,87 @@ async fn inject(
                     log.borrow_mut().healed.push(Instant::now());
                     next = Instant::now() + Duration::from_secs(4);
                 }
+                Fault::RedisMasterKill => {
+                    let extra = extra.as_ref().context("RedisMasterKill needs --redis-ha")?;
+                    let out = extra.services(&["redis-ha-kill-master"])?;
+                    let port = out
+                        .lines()
+                        .filter_map(|l| l.trim().parse::<u16>().ok())
+                        .next_back()
+                        .with_context(|| format!("no port in {out:?}"))?;
+                    log.borrow_mut().injected += 1;
+                    // Waits for the sentinels to promote the replica, then brings
+                    // the old master back as its replica.
+                    extra.services(&["redis-ha-restart", &port.to_string()])?;
+                    log.borrow_mut().healed.push(Instant::now());
+                    next = Instant::now() + Duration::from_secs(8);
+                }
+                Fault::AmqpNodeStop => {
+                    let extra = extra
+                        .as_ref()
+                        .context("AmqpNodeStop needs --amqp-cluster")?;
+                    // Asked of a node that runs (every node is up between faults).
+                    let node = extra.node_of_intakes(1)?.unwrap_or(1);
+                    let node = node.to_string();
+                    extra.services(&["amqp-cluster-ctl", &node, "stop_app"])?;
+                    log.borrow_mut().injected += 1;
+                    tokio::time::sleep(Duration::from_secs(5)).await;
+                    extra.services(&["amqp-cluster-ctl", &node, "start_app"])?;
+                    log.borrow_mut().healed.push(Instant::now());
+                    next = Instant::now() + Duration::from_secs(12);
+                }
+                Fault::WalArchiveFailing => {
+                    if archive_admin.is_none() {
+                        archive_admin = Some(pg_admin(&settings).await?);
+                    }
+                    let admin = archive_admin.as_ref().context("no session")?;
+                    let failed: i64 = admin
+                        .query_one("SELECT failed_count FROM pg_stat_archiver", &[])
+                        .await?
+                        .get(0);
+                    match archive_failed_at_start {
+                        None => {
+                            admin
+                                .batch_execute("ALTER SYSTEM SET archive_command = 'exit 1'")
+                                .await?;
+                            admin.batch_execute("SELECT pg_reload_conf()").await?;
+                            archive_failed_at_start = Some(failed);
+                        }
+                        Some(at_start) => {
+                            log.borrow_mut().injected =
+                                u32::try_from(failed - at_start).unwrap_or(0);
+                        }
+                    }
+                    // A segment to archive (and fail) every 2 s, as a busy primary
+                    // fills them.
+                    admin.batch_execute("SELECT pg_switch_wal()").await?;
+                    next = Instant::now() + Duration::from_secs(2);
+                }
+                Fault::SyncStandbyLost => {
+                    let ha = ha
+                        .as_ref()
+                        .context("SyncStandbyLost needs an HA topology")?;
+                    let standbys = ha.standbys()?;
+                    if standbys.is_empty() {
+                        anyhow::bail!("no standby to stop");
+                    }
+                    for standby in &standbys {
+                        ha.failover(&["stop", standby])?;
+                    }
+                    // COMMITs wait for a standby here (the engine sets
+                    // synchronous_commit = on over the database's `local`).
+                    tokio::time::sleep(Duration::from_secs(3)).await;
+                    ha.failover(&["crash"])?;
+                    for standby in &standbys {
+                        ha.failover(&["start", standby])?;
+                    }
+                    ha.failover(&["promote"])?;
+                    log.borrow_mut().injected += 1;
+                    log.borrow_mut().healed.push(Instant::now());
+                    tokio::time::sleep(Duration::from_secs(4)).await;
+                    ha.failover(&["rejoin"])?;
+                    next = Instant::now() + Duration::from_secs(8);
+                }
                 Fault::RedisKill => {
                     let mut redis = cluster.redis().await?;
                     let _: Result<(), _> = ::redis::cmd("SHUTDOWN")
@@ -909,6 +1137,7 @@ async fn inject(
         .await;
         if let Err(e) = result {
             eprintln!("chaos: fault {fault:?} failed: {e:#}");
+            archive_admin = None;
             next = Instant::now() + Duration::from_secs(1);
         }
     }
