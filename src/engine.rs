@@ -24,18 +24,13 @@ use crate::domain::shard::SHARD_FUNCTION_VERSION;
 use crate::mq::settlement::IntakeRoutes;
 use crate::mq::topology::{declare_topology, Names, Route};
 use crate::mq::{self, MqError};
-use crate::services::compensation_worker::{CompensationConfig, CompensationWorker};
-use crate::services::gauges::GaugeSampler;
+use crate::services::children::{background_services, child};
 use crate::services::node_lease::{
     fence_after, NodeLeaseKeeper, LIVE_WINDOW, MARGIN as LEASE_MARGIN,
 };
-use crate::services::outbox_publisher::{OrderLoad, OutboxConfig, OutboxPublisher};
 use crate::services::readiness::{ReadinessMonitor, CHECK_TIMEOUT};
-use crate::services::reconciler::Reconciler;
-use crate::services::retention::{Retention, RetentionConfig};
-use crate::services::runner::{Maintenance, Service};
+use crate::services::runner::Service as _;
 use crate::services::supervisor::{ChildFactory, Shutdown, Supervisor};
-use crate::services::sweeper::{Sweeper, SweeperConfig};
 use crate::status::{IntakeStats, Live, Readiness};
 use crate::store::migrate::{self, MigrateError};
 use crate::store::node_lease::{self, Holder};
@@ -100,32 +95,53 @@ impl Engine {
     /// before the next one depends on it.
     pub async fn start(settings: &Settings) -> Result<Engine, EngineError> {
         let live = follow_settings(settings);
-        let lanes = Lanes::start(lanes::threads(settings.engine.pipeline_threads)).await;
+        // Without the engine role (`server.roles`): no pipeline, no intake, no
+        // background service of the engine's; the node lease and the monitors stay.
+        let consumes = settings.server.engine();
+        let threads = match consumes {
+            true => lanes::threads(settings.engine.pipeline_threads),
+            false => 1,
+        };
+        let lanes = Lanes::start(threads).await;
         // Its connections are opened and driven on the lanes' runtimes, in turn.
         let pool = build_pool_on(&settings.database, lanes.runtimes())?;
         let postgres_problem = check_postgres(&pool, settings).await?;
         let holder = Holder {
             id: Uuid::new_v4(),
             name: holder_name(settings),
+            roles: settings.server.label(),
+            consumes,
         };
         let ids = lease_node_id(&pool, settings, &holder, lease_ttl(settings)).await?;
-        let names = declare_broker_topology(settings).await?;
-        let (permits, router) = start_pipeline(settings, &pool, &ids, &lanes, &live);
+        let names = match settings.server.front() || consumes {
+            true => declare_broker_topology(settings).await?,
+            false => Names::new(&settings.amqp.namespace),
+        };
+        let pipeline = consumes.then(|| start_pipeline(settings, &pool, &ids, &lanes, &live));
         let stats = Arc::new(IntakeStats::default());
         let readiness = initial_readiness(settings, &pool, &ids, postgres_problem, live).await?;
         let supervisor =
             background_services(settings, &pool, stats.clone(), ids.clone(), &readiness);
         let supervisor = with_monitors(supervisor, settings, &pool, &ids, &holder, &readiness);
-        let intake = IntakeStarter {
-            settings,
-            permits: &permits,
-            stats: &stats,
-            readiness: &readiness,
+        let (supervisor, intakes) = match pipeline {
+            Some((permits, router)) => {
+                let intake = IntakeStarter {
+                    settings,
+                    permits: &permits,
+                    stats: &stats,
+                    readiness: &readiness,
+                };
+                let intakes = settings.owned_shards().len() + 1;
+                let supervisor = with_intakes(supervisor, &intake, &lanes, &names, router, &pool);
+                (supervisor, intakes)
+            }
+            None => (supervisor, 0),
         };
-        let supervisor = with_intakes(supervisor, &intake, &lanes, &names, router, &pool).start();
-        wait_consuming(&supervisor, &stats, settings.owned_shards().len() + 1).await?;
+        let supervisor = supervisor.start();
+        wait_consuming(&supervisor, &stats, intakes).await?;
         wait_first_check(&readiness).await;
         tracing::info!(
+            roles = %holder.roles,
             node_id = ids.node_id(),
             shards = ?settings.owned_shards(),
             pipeline_threads = lanes.count(),
@@ -574,104 +590,4 @@ fn holder_name(settings: &Settings) -> String {
         std::process::id(),
         settings.admin.addr
     )
-}
-
-/// The supervisor with the outbox publisher, the sweeper, the compensation worker,
-/// the reconciler of Redis reservations, the retention service and the gauge
-/// sampler; the outbox publisher yields to the orders `load` counts, and the
-/// sampled figures go to the live state `readiness` carries.
-pub fn background_services(
-    settings: &Settings,
-    pool: &Pool,
-    load: Arc<dyn OrderLoad>,
-    ids: Arc<IdGenerator>,
-    readiness: &Readiness,
-) -> Supervisor {
-    let outbox = {
-        let (pool, amqp) = (pool.clone(), settings.amqp.clone());
-        let config = OutboxConfig::from(&settings.outbox);
-        child(move || {
-            OutboxPublisher::new(
-                pool.clone(),
-                amqp.clone(),
-                config.clone(),
-                Some(load.clone()),
-            )
-        })
-    };
-    let sweeper = {
-        let pool = pool.clone();
-        let config = SweeperConfig::new(&settings.sweeper, &settings.compensation);
-        child(move || Sweeper::new(pool.clone(), ids.clone(), config.clone()))
-    };
-    let compensation = {
-        let (pool, redis, amqp) = (pool.clone(), settings.redis.clone(), settings.amqp.clone());
-        let config = CompensationConfig::from(&settings.compensation);
-        child(move || {
-            CompensationWorker::new(pool.clone(), redis.clone(), amqp.clone(), config.clone())
-        })
-    };
-    let retention = {
-        let pool = pool.clone();
-        let config = RetentionConfig::from(&settings.retention);
-        child(move || Retention::new(pool.clone(), config.clone()))
-    };
-    let gauges = {
-        let (pool, amqp, live) = (
-            pool.clone(),
-            settings.amqp.clone(),
-            readiness.live().clone(),
-        );
-        let interval = Duration::from_millis(settings.telemetry.sample_interval_ms);
-        let conservation = Duration::from_millis(settings.telemetry.conservation_interval_ms);
-        child(move || {
-            GaugeSampler::new(
-                pool.clone(),
-                amqp.clone(),
-                interval,
-                conservation,
-                live.clone(),
-            )
-        })
-    };
-    Supervisor::new(
-        Duration::from_millis(settings.supervisor.restart_base_ms),
-        Duration::from_millis(settings.supervisor.restart_max_ms),
-    )
-    .child(OutboxPublisher::NAME, outbox)
-    .child(Sweeper::NAME, sweeper)
-    .child(CompensationWorker::NAME, compensation)
-    .child(
-        Reconciler::NAME,
-        reconciler(settings, pool, readiness.live()),
-    )
-    .child(Retention::NAME, retention)
-    .child(GaugeSampler::NAME, gauges)
-}
-
-/// The reconciler of Redis reservations past their TTL (each pass also samples the drift).
-fn reconciler(settings: &Settings, pool: &Pool, live: &Arc<Live>) -> ChildFactory {
-    let (pool, redis, live) = (pool.clone(), settings.redis.clone(), live.clone());
-    let interval = Duration::from_millis(settings.frontstage.reconcile_interval_ms);
-    let marker_ttl = settings.compensation.released_marker_ttl_secs;
-    let reservation_ttl = Duration::from_millis(settings.frontstage.reservation_ttl_ms);
-    child(move || {
-        Reconciler::new(
-            pool.clone(),
-            redis.clone(),
-            interval,
-            marker_ttl,
-            reservation_ttl,
-            live.clone(),
-        )
-    })
-}
-
-/// A supervisor child that runs a fresh service from `make` on every (re)start.
-pub fn child<S: Service>(make: impl Fn() -> S + 'static) -> ChildFactory {
-    Box::new(move |supervisor| {
-        Maintenance::new(make(), Some(supervisor))
-            .start()
-            .recipient()
-    })
 }

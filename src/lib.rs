@@ -29,9 +29,18 @@
 //!   [`tls`]: the one TLS stack; [`failpoints`]: the fault suite's crash points.
 //! - [`domain`]: pure types and rules, no I/O.
 
+/// The version and the commit it was built from (`--version`, the admin `/status`).
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (commit ",
+    env!("SECKILL_COMMIT"),
+    ")"
+);
+
 pub mod actors;
 pub mod cli;
 pub mod config;
+pub mod cores;
 pub mod domain;
 pub mod drift;
 pub mod engine;

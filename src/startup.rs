@@ -31,16 +31,22 @@ pub enum StartupError {
 /// Everything `serve` runs, until `drain`.
 pub struct Served {
     engine: Engine,
-    front: ServerHandle,
+    /// The buyers' listener, in the roles that run the front stage.
+    front: Option<ServerHandle>,
     admin: ServerHandle,
 }
 
-/// Starts the engine, the front stage and the admin listener, in that order. Must
-/// run inside an actix `System` (the engine's actors, the listeners' servers).
+/// Starts the engine (the parts of it `server.roles` names), the front stage when
+/// a role runs it, and the admin listener, in that order. Must run inside an actix
+/// `System` (the engine's actors, the listeners' servers).
 pub async fn start(settings: &Settings) -> Result<Served, StartupError> {
     raise_descriptor_limit();
+    log_sizes(settings);
     let engine = start_engine(settings).await?;
-    let front = start_front(settings, engine.ids(), engine.readiness()).await?;
+    let front = match settings.server.front() {
+        true => Some(start_front(settings, engine.ids(), engine.readiness()).await?),
+        false => None,
+    };
     let admin = start_admin(
         settings,
         engine.pool().clone(),
@@ -53,6 +59,24 @@ pub async fn start(settings: &Settings) -> Result<Served, StartupError> {
         front,
         admin,
     })
+}
+
+/// Says how many cores this process may use, from where, and the sizes that follow
+/// (`crate::cores`), or that the settings fixed them.
+pub fn log_sizes(settings: &Settings) {
+    let cores = crate::cores::Cores::detect();
+    let said = |configured: usize, auto: usize| match configured {
+        0 => format!("{auto} (automatic)"),
+        n => format!("{n} (set)"),
+    };
+    tracing::info!(
+        cores = cores.count,
+        from = %cores.source,
+        pipeline_threads = %said(settings.engine.pipeline_threads as usize, cores.auto_lanes()),
+        frontstage_workers = %said(settings.frontstage.workers, cores.auto_workers()),
+        roles = %settings.server.label(),
+        "sized to the host"
+    );
 }
 
 /// Raises the soft limit on open file descriptors to the hard one (a flash sale's
@@ -120,7 +144,9 @@ pub async fn start_admin(
 /// Stops taking requests first (the front stage, then the admin listener, each
 /// finishing the requests it has), then drains the engine (`Engine::stop`).
 pub async fn drain(served: Served) {
-    served.front.stop(true).await;
+    if let Some(front) = &served.front {
+        front.stop(true).await;
+    }
     served.admin.stop(true).await;
     served.engine.stop().await;
 }

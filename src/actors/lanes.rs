@@ -39,12 +39,11 @@ pub struct LaneRouter {
     reservations: Arc<[Addr<Registry<Uuid, ReservationActor>>]>,
 }
 
-/// `engine.pipeline_threads`, with 0 meaning one per available core.
+/// `engine.pipeline_threads`, with 0 meaning automatic: half the cores this process
+/// may use (`crate::cores`).
 pub fn threads(configured: u32) -> usize {
     match configured {
-        0 => std::thread::available_parallelism()
-            .map_or(1, |n| n.get())
-            .min(MAX_THREADS),
+        0 => crate::cores::Cores::detect().auto_lanes().min(MAX_THREADS),
         n => (n as usize).min(MAX_THREADS),
     }
 }

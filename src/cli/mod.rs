@@ -24,7 +24,7 @@ pub use activity::CreateActivity;
 use crate::config::Settings;
 
 #[derive(Debug, Parser)]
-#[command(name = "seckill-engine", version, about = "Flash-sale order engine")]
+#[command(name = "seckill-engine", version = crate::VERSION, about = "Flash-sale order engine")]
 pub struct Cli {
     /// A TOML file layered over config/default.toml (environment variables
     /// SECKILL__SECTION__KEY override both).
@@ -41,7 +41,7 @@ pub enum Command {
     /// Validate the configuration and check that PostgreSQL, RabbitMQ and Redis answer.
     Validate,
     /// Run the engine until SIGINT or SIGTERM.
-    Serve,
+    Serve(ServeArgs),
     /// Manage flash-sale activities.
     #[command(subcommand)]
     Activity(ActivityCommand),
@@ -84,6 +84,18 @@ pub enum Command {
     Redis(RedisCommand),
 }
 
+#[derive(Debug, clap::Args)]
+pub struct ServeArgs {
+    /// What this process runs: all, front, engine or admin (repeat for several;
+    /// overrides `server.roles`). Every role keeps the admin listener.
+    #[arg(long, value_parser = parse_role)]
+    pub role: Vec<crate::config::Role>,
+}
+
+fn parse_role(s: &str) -> Result<crate::config::Role, String> {
+    s.parse()
+}
+
 #[derive(Debug, Subcommand)]
 pub enum RedisCommand {
     /// Rebuild a sale's Redis keys from PostgreSQL: each bucket's stock (PostgreSQL's
@@ -123,7 +135,11 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
     crate::telemetry::init(&settings.telemetry);
     let config_file = cli.config.as_deref();
     match cli.command {
-        Command::Serve => {
+        Command::Serve(args) => {
+            let mut settings = settings;
+            if !args.role.is_empty() {
+                settings.server.roles = args.role;
+            }
             // Before any actor records a metric.
             crate::telemetry::metrics();
             // actix needs its own System; everything else runs on a plain runtime.

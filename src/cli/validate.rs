@@ -25,11 +25,15 @@ pub async fn run(settings: &Settings, config_file: Option<&Path>) -> anyhow::Res
     report("durability", "database.url", durability(settings).await);
     report("rabbitmq", "amqp.url", rabbitmq(settings).await);
     report("redis", "redis.url", redis(settings).await);
-    report(
-        "frontstage",
-        "frontstage.auth.mode",
-        crate::http::front::check_settings(settings),
-    );
+    // A process without the front role (`server.roles`) needs none of its keys.
+    let frontstage = match settings.server.front() {
+        true => crate::http::front::check_settings(settings),
+        false => Ok(format!(
+            "not run here (server.roles = {})",
+            settings.server.label()
+        )),
+    };
+    report("frontstage", "frontstage.auth.mode", frontstage);
 
     Ok(if failed {
         ExitCode::FAILURE

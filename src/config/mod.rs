@@ -16,6 +16,7 @@ mod engine;
 mod frontstage;
 mod http;
 mod redis;
+mod server;
 mod telemetry;
 
 use std::path::Path;
@@ -40,6 +41,7 @@ pub use self::frontstage::{
 };
 pub use self::http::{AdminSettings, HttpSettings};
 pub use self::redis::RedisSettings;
+pub use self::server::{Role, ServerSettings};
 pub use self::telemetry::{LogFormat, TelemetrySettings, MAX_TRACED_ACTIVITIES};
 
 /// The defaults, compiled into the binary.
@@ -69,6 +71,7 @@ pub struct Settings {
     pub frontstage: FrontstageSettings,
     pub admin: AdminSettings,
     pub shutdown: ShutdownSettings,
+    pub server: ServerSettings,
 }
 
 /// Where every value may come from, in increasing priority.
@@ -118,6 +121,7 @@ impl Settings {
         self.http.validate(ctx)?;
         self.admin.validate(ctx)?;
         self.frontstage.validate(ctx, &self.http)?;
+        self.server.validate(ctx)?;
         self.telemetry.validate(ctx)
     }
 

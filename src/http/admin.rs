@@ -21,7 +21,10 @@ pub struct Admin {
     pool: Pool,
     intakes: Arc<IntakeStats>,
     readiness: Arc<Readiness>,
+    /// The intakes this process runs: none without the engine role.
     expected_intakes: usize,
+    /// `server.roles` as people read them (`/readyz`).
+    roles: String,
     /// `admin.metrics_token`: `/metrics` answers 401 without it.
     metrics_token: Option<secrecy::SecretString>,
 }
@@ -46,7 +49,11 @@ pub async fn start(
         pool,
         intakes,
         readiness,
-        expected_intakes: settings.owned_shards().len() + 1,
+        expected_intakes: match settings.server.engine() {
+            true => settings.owned_shards().len() + 1,
+            false => 0,
+        },
+        roles: settings.server.label(),
         metrics_token: settings.admin.metrics_token.clone(),
     });
     crate::telemetry::metrics();
@@ -177,15 +184,19 @@ fn readiness_checks(
     );
     let consuming = admin.intakes.consuming();
     let paused = admin.readiness.is_paused();
-    let rabbitmq = if paused || consuming >= admin.expected_intakes {
-        OK.to_owned()
-    } else {
-        format!(
-            "{consuming} of {} intakes consuming",
-            admin.expected_intakes
-        )
-    };
-    checks.insert("rabbitmq".into(), json!(rabbitmq));
+    // Without the engine role there is no intake: the broker is the front stage's
+    // link, checked as its own.
+    if admin.expected_intakes > 0 {
+        let rabbitmq = if paused || consuming >= admin.expected_intakes {
+            OK.to_owned()
+        } else {
+            format!(
+                "{consuming} of {} intakes consuming",
+                admin.expected_intakes
+            )
+        };
+        checks.insert("rabbitmq".into(), json!(rabbitmq));
+    }
     // Redis down is the front stage's problem (its own check, when one runs here),
     // not the engine's: orders keep being made, so it is shown, not counted.
     let redis = match found.redis {
@@ -216,10 +227,12 @@ fn own_checks(
             json!(front.unwrap_or_else(|| OK.to_owned())),
         );
     }
-    checks.insert(
-        "intake".into(),
-        json!(if paused { "paused by an operator" } else { OK }),
-    );
+    if admin.expected_intakes > 0 {
+        checks.insert(
+            "intake".into(),
+            json!(if paused { "paused by an operator" } else { OK }),
+        );
+    }
     let node_id = admin.readiness.node_id();
     checks.insert(
         "node_id".into(),
@@ -240,9 +253,10 @@ async fn livez() -> HttpResponse {
 }
 
 /// One shape for every part that reports readiness:
-/// `{"ready": bool, "node_id": N, "active_shards": [..], "checked_ms_ago": N|null,
-/// "checks": {"postgres": "ok"|reason, "rabbitmq": .., "redis": .., "frontstage": ..
-/// (when one runs in this process: its own Redis and broker links), "intake": ..,
+/// `{"ready": bool, "role": "all"|"front"|"engine"|"admin", "node_id": N,
+/// "active_shards": [..], "checked_ms_ago": N|null, "checks": {"postgres":
+/// "ok"|reason, "rabbitmq": .. and "intake": .. (with the engine role), "redis": ..,
+/// "frontstage": .. (with the front role: its own Redis and broker links),
 /// "node_id": ..}}`. PostgreSQL and Redis are as the readiness monitor last found
 /// them, `checked_ms_ago` before. 200 when every check is "ok", Redis excepted (it
 /// reads "degraded: ..." while down: orders do not need it, and the front stage's
@@ -252,6 +266,7 @@ async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
     let (ready, checks, age) = readiness_checks(&admin);
     let body = json!({
         "ready": ready,
+        "role": admin.roles,
         "node_id": admin.readiness.node_id(),
         "active_shards": admin.readiness.shards().active(),
         "checked_ms_ago": age.map(|age| u64::try_from(age.as_millis()).unwrap_or(u64::MAX)),
@@ -354,6 +369,7 @@ async fn collect_status(admin: &Admin) -> super::live_page::Status {
         }
     };
     Status {
+        version: crate::VERSION,
         time_ms: chrono::Utc::now().timestamp_millis(),
         ready,
         checks,

@@ -11,6 +11,8 @@ use serde::Serialize;
 /// What `/status` answers and the page shows.
 #[derive(Debug, Clone, Serialize)]
 pub struct Status {
+    /// The build (`crate::VERSION`): what runs where, during a rolling upgrade.
+    pub version: &'static str,
     /// When it was read (ms since the Unix epoch); the page divides sold units by it.
     pub time_ms: i64,
     pub ready: bool,
@@ -227,6 +229,7 @@ mod tests {
 
     fn status() -> Status {
         Status {
+            version: crate::VERSION,
             time_ms: 0,
             ready: true,
             checks: serde_json::Map::new(),

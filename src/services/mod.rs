@@ -4,6 +4,7 @@
 //! compensation worker, reconciler, retention, gauge sampler and readiness monitor.
 //! Their work lives in PostgreSQL rows, never only in a mailbox.
 
+pub mod children;
 pub mod compensation_worker;
 pub mod gauges;
 pub mod node_lease;

@@ -11,11 +11,15 @@ use uuid::Uuid;
 /// tools (the bench and the fault harness mint with ids of their own up there).
 pub const MAX_LEASED_NODE_ID: i16 = 1000;
 
-/// Who holds a lease: a random id per process, and a name for people.
+/// Who holds a lease: a random id per process, a name for people, what the
+/// process runs (`server.roles`, for people), and whether it consumes order queues
+/// (only those take a rank in the shard split).
 #[derive(Debug, Clone)]
 pub struct Holder {
     pub id: Uuid,
     pub name: String,
+    pub roles: String,
+    pub consumes: bool,
 }
 
 /// A node id held by another live instance.
@@ -35,7 +39,14 @@ pub async fn acquire_any(
     let row = client
         .query_opt(
             ACQUIRE_ANY,
-            &[&holder.id, &holder.name, &takeover_ms, &MAX_LEASED_NODE_ID],
+            &[
+                &holder.id,
+                &holder.name,
+                &takeover_ms,
+                &MAX_LEASED_NODE_ID,
+                &holder.roles,
+                &holder.consumes,
+            ],
         )
         .await?;
     Ok(row.map(|r| r.get::<_, i16>(0) as u16))
@@ -50,7 +61,17 @@ pub async fn acquire(
 ) -> Result<Result<(), HeldBy>, tokio_postgres::Error> {
     let id = node_id as i16;
     let taken = client
-        .query_opt(ACQUIRE, &[&id, &holder.id, &holder.name, &takeover_ms])
+        .query_opt(
+            ACQUIRE,
+            &[
+                &id,
+                &holder.id,
+                &holder.name,
+                &takeover_ms,
+                &holder.roles,
+                &holder.consumes,
+            ],
+        )
         .await?;
     if taken.is_some() {
         return Ok(Ok(()));
@@ -81,8 +102,8 @@ pub async fn renew(
         == 1)
 }
 
-/// The node ids of every instance whose lease was renewed within `window_ms`,
-/// ascending: the ranks that decide shard ownership.
+/// The node ids of every instance that consumes order queues and whose lease was
+/// renewed within `window_ms`, ascending: the ranks that decide shard ownership.
 pub async fn live_node_ids(
     client: &Client,
     window_ms: i64,
@@ -130,21 +151,23 @@ WITH free AS (
     ORDER BY n
     LIMIT 1
 )
-INSERT INTO node_lease (node_id, holder, holder_name, renewed_at)
-SELECT node_id, $1, $2, clock_timestamp() FROM free
+INSERT INTO node_lease (node_id, holder, holder_name, renewed_at, roles, consumes)
+SELECT node_id, $1, $2, clock_timestamp(), $5, $6 FROM free
 ON CONFLICT (node_id) DO UPDATE
 SET holder = EXCLUDED.holder, holder_name = EXCLUDED.holder_name,
-    renewed_at = EXCLUDED.renewed_at
+    renewed_at = EXCLUDED.renewed_at, roles = EXCLUDED.roles,
+    consumes = EXCLUDED.consumes
 WHERE node_lease.renewed_at <= clock_timestamp() - make_interval(secs => $3::int8 / 1000.0)
 RETURNING node_id";
 
 /// One id: free, expired, or already this holder's.
 const ACQUIRE: &str = "
-INSERT INTO node_lease (node_id, holder, holder_name, renewed_at)
-VALUES ($1, $2, $3, clock_timestamp())
+INSERT INTO node_lease (node_id, holder, holder_name, renewed_at, roles, consumes)
+VALUES ($1, $2, $3, clock_timestamp(), $5, $6)
 ON CONFLICT (node_id) DO UPDATE
 SET holder = EXCLUDED.holder, holder_name = EXCLUDED.holder_name,
-    renewed_at = EXCLUDED.renewed_at
+    renewed_at = EXCLUDED.renewed_at, roles = EXCLUDED.roles,
+    consumes = EXCLUDED.consumes
 WHERE node_lease.holder = EXCLUDED.holder
    OR node_lease.renewed_at <= clock_timestamp() - make_interval(secs => $4::int8 / 1000.0)
 RETURNING node_id";
@@ -160,7 +183,8 @@ WHERE node_id = $1 AND holder = $2";
 
 const LIVE_NODE_IDS: &str = "
 SELECT node_id FROM node_lease
-WHERE renewed_at > clock_timestamp() - make_interval(secs => $1::int8 / 1000.0)
+WHERE consumes
+  AND renewed_at > clock_timestamp() - make_interval(secs => $1::int8 / 1000.0)
 ORDER BY node_id";
 
 const RELEASE: &str = "DELETE FROM node_lease WHERE node_id = $1 AND holder = $2";

@@ -16,8 +16,8 @@ use lapin::options::{
 };
 use lapin::types::FieldTable;
 use lapin::ExchangeKind;
-use seckill_engine::engine::child;
 use seckill_engine::redis::keys::SkuKeys;
+use seckill_engine::services::children::child;
 use seckill_engine::services::outbox_publisher::{OrderLoad, OutboxConfig, OutboxPublisher};
 use seckill_engine::services::runner::{Outcome, Service, ServiceError};
 use seckill_engine::services::supervisor::{Restarts, Supervisor};

@@ -139,6 +139,37 @@ fn malformed_values_name_the_key_and_the_source() {
     std::fs::remove_dir_all(dir).unwrap();
 }
 
+/// Issue 50: `--version` names the build's commit (git's HEAD here); a role that is
+/// not one is refused naming the roles there are, and so is an empty `server.roles`.
+#[test]
+fn version_names_the_commit_and_roles_are_checked() {
+    let out = run(engine().arg("--version"));
+    assert!(out.ok, "{}", out.text);
+    let head = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .output()
+        .unwrap();
+    let head = String::from_utf8_lossy(&head.stdout).trim().to_owned();
+    assert!(!head.is_empty());
+    assert!(
+        out.text.contains(&format!("(commit {head})"))
+            && out.text.contains(env!("CARGO_PKG_VERSION")),
+        "{} (HEAD {head})",
+        out.text
+    );
+
+    let out = run(engine().args(["serve", "--role", "frontend"]));
+    assert!(!out.ok);
+    assert!(
+        out.text.contains("one of all, front, engine, admin"),
+        "{}",
+        out.text
+    );
+    let out = run(engine().env("SECKILL__SERVER__ROLES", "[]").arg("validate"));
+    assert!(!out.ok);
+    assert!(out.text.contains("server.roles"), "{}", out.text);
+}
+
 #[actix_rt::test]
 async fn the_engine_refuses_an_unmigrated_database() {
     let name = format!(

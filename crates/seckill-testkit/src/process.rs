@@ -138,11 +138,14 @@ impl Serve {
         Self::start_logging(cmd, ready_line, "info").await
     }
 
-    /// Like `start`, with the log filter `filter`.
+    /// Like `start`, with the log filter `filter`. The command gets `serve` unless
+    /// it has it already (with its own flags after it: `serve --role front`).
     pub async fn start_logging(cmd: &mut Command, ready_line: &str, filter: &str) -> (Serve, bool) {
+        if !cmd.get_args().any(|a| a == "serve") {
+            cmd.arg("serve");
+        }
         let mut child = cmd
             .env("RUST_LOG", filter)
-            .arg("serve")
             .stderr(std::process::Stdio::piped())
             .spawn()
             .unwrap();

@@ -80,7 +80,10 @@ pub async fn start(
     let state = web::Data::new(FrontStage::connect(settings, pool, ids, readiness).await?);
     state.links.check().await;
     watch(Arc::downgrade(&state.clone().into_inner()));
-    let workers = settings.frontstage.workers.max(1);
+    let workers = match settings.frontstage.workers {
+        0 => crate::cores::Cores::detect().auto_workers(),
+        n => n,
+    };
     let descriptors = super::descriptor_limits();
     let per_worker =
         super::front_connection_cap(settings, descriptors.map_or(1024, |(soft, _)| soft));
