@@ -5,6 +5,12 @@ use std::process::ExitCode;
 use clap::Parser;
 use seckill_engine::cli::{run, Cli};
 
+/// mimalloc instead of glibc's malloc, whose calls took about 12 % of the engine's
+/// CPU in the demo sale: a request allocates and frees many small buffers
+/// (docs/BENCHMARKS.md, "CPU per order").
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 fn main() -> ExitCode {
     #[cfg(feature = "chaos")]
     let _failpoints = seckill_engine::failpoints::arm();

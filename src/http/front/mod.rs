@@ -37,21 +37,23 @@ use state::FrontStage;
 /// How often the rate limiters and the SKU cache forget what is no longer needed.
 const SHRINK_INTERVAL: Duration = Duration::from_secs(10);
 
+/// The routes, a sale's two hot ones first: a request is matched against each in
+/// turn until one fits.
 pub fn routes(cfg: &mut web::ServiceConfig) {
     cfg.route(
         "/v1/activities/{activity_id}/skus/{sku_id}/reservations",
         web::post().to(reserve::reserve),
     )
     .route(
+        "/v1/activities/{activity_id}/skus/{sku_id}/purchase-token",
+        web::get().to(purchase_token::purchase_token_for),
+    )
+    .route(
         "/v1/reservations/{reservation_id}",
         web::get().to(lookups::reservation),
     )
     .route("/v1/orders/{order_id}", web::get().to(lookups::order))
-    .route("/v1/me/orders", web::get().to(lookups::my_orders))
-    .route(
-        "/v1/activities/{activity_id}/skus/{sku_id}/purchase-token",
-        web::get().to(purchase_token::purchase_token_for),
-    );
+    .route("/v1/me/orders", web::get().to(lookups::my_orders));
 }
 
 /// What `validate` says of the front stage's settings: whether it can authenticate
