@@ -599,7 +599,7 @@ pub fn markdown(accounts: &[Account], profile: Profile) -> String {
     let mut out = format!(
         "# Reliability: the fault-injection account\n\n\
          Written by `seckill-chaos` (the engine built with its cargo feature `chaos`); do not edit by hand.\n\n\
-         - Command: `{}`\n- Date: {}\n- Machine: {cpus} CPUs, {mem_gib:.0} GiB, Linux {}; \
+         - Command: `{}`\n- Build: {}\n- Date: {}\n- Machine: {cpus} CPUs, {mem_gib:.0} GiB, Linux {}; \
          PostgreSQL, RabbitMQ and Redis private instances started by `scripts/services` on the same machine\n\n\
          Each scenario runs on its own database, namespace and Redis prefix: the harness publishes the \
          workload with confirms (1% poison), injects its fault on a schedule while the workload runs and \
@@ -613,6 +613,7 @@ pub fn markdown(accounts: &[Account], profile: Profile) -> String {
          Redis stock minus loaded stock minus completed give-backs. *recover*: from the end of a fault to \
          the next committed message.\n\n",
         command.join(" "),
+        seckill_engine::VERSION,
         Utc::now().format("%Y-%m-%d %H:%M UTC"),
         kernel.trim()
     );
