@@ -12,10 +12,23 @@ pub const MAX_BODY_BYTES: usize = 16 * 1024;
 pub const MAX_ORDER_NO_LEN: usize = 40;
 /// `seckill_sku.inventory_bucket_count BETWEEN 1 AND 256`.
 pub const MAX_BUCKET: i16 = 255;
+/// The major version of the message contracts (`order.create`, `payment.callback`)
+/// this engine reads and writes (`schema_version`). A change that an older engine
+/// would misread takes a new major version, which older engines dead-letter as
+/// `unsupported_version` rather than guess at (docs/DESIGN.md, "Message contracts").
+pub const SCHEMA_VERSION: u16 = 1;
+
+/// A message written before `schema_version` existed is version 1.
+pub(crate) fn version_one() -> u16 {
+    SCHEMA_VERSION
+}
 
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct OrderCreateMessage {
+    /// The contract's major version (`SCHEMA_VERSION`); absent means 1.
+    #[serde(default = "version_one")]
+    pub schema_version: u16,
     pub message_id: Uuid,
     pub request_id: Uuid,
     pub reservation_id: Uuid,
@@ -64,6 +77,7 @@ impl OrderCreateMessage {
         order_expire_at: DateTime<Utc>,
     ) -> Self {
         Self {
+            schema_version: SCHEMA_VERSION,
             message_id: Uuid::now_v7(),
             request_id: Uuid::now_v7(),
             reservation_id: Uuid::now_v7(),
@@ -89,7 +103,8 @@ impl OrderCreateMessage {
                 format!("body is {} bytes, limit {MAX_BODY_BYTES}", body.len()),
             ));
         }
-        let msg: Self = serde_json::from_slice(body).map_err(json_reason)?;
+        let msg: Self = serde_json::from_slice(body).map_err(|e| json_reason_of(body, e))?;
+        supported(msg.schema_version)?;
         msg.validate()?;
         Ok(msg)
     }
@@ -153,6 +168,33 @@ impl OrderCreateMessage {
     }
 }
 
+/// Refuses a major version this engine does not know.
+pub(crate) fn supported(version: u16) -> Result<(), PoisonReason> {
+    if version == SCHEMA_VERSION {
+        return Ok(());
+    }
+    Err(PoisonReason::new(
+        "unsupported_version",
+        format!("schema_version {version}: this engine reads version {SCHEMA_VERSION}"),
+    ))
+}
+
+/// Why a body did not decode: a major version this engine does not know (whose
+/// fields it could not be expected to read) when the body names one, else the
+/// JSON error's kind. Read only after the one full parse failed.
+pub(crate) fn json_reason_of(body: &[u8], e: serde_json::Error) -> PoisonReason {
+    #[derive(Deserialize)]
+    struct Version {
+        schema_version: Option<u16>,
+    }
+    match serde_json::from_slice::<Version>(body) {
+        Ok(Version {
+            schema_version: Some(v),
+        }) if v != SCHEMA_VERSION => supported(v).unwrap_err(),
+        _ => json_reason(e),
+    }
+}
+
 /// Classifies a JSON decoding error into a poison kind.
 pub(crate) fn json_reason(e: serde_json::Error) -> PoisonReason {
     use serde_json::error::Category;
@@ -191,6 +233,24 @@ pub(crate) mod tests {
         OrderCreateMessage::decode(v.to_string().as_bytes())
             .unwrap_err()
             .kind
+    }
+
+    #[test]
+    fn the_schema_version_is_written_defaults_to_1_and_an_unknown_major_is_poison() {
+        let m = OrderCreateMessage::decode(sample().to_string().as_bytes()).unwrap();
+        assert_eq!(m.schema_version, 1, "absent means 1");
+        let written = serde_json::to_value(&m).unwrap();
+        assert_eq!(written["schema_version"], 1);
+        let mut v2 = sample();
+        v2["schema_version"] = json!(2);
+        assert_eq!(kind_of(v2.clone()), "unsupported_version");
+        // A version 2 body with fields version 1 does not know is still refused for
+        // its version, not for a field.
+        v2["gift_wrap"] = json!(true);
+        assert_eq!(kind_of(v2), "unsupported_version");
+        let mut v1 = sample();
+        v1["schema_version"] = json!(1);
+        assert!(OrderCreateMessage::decode(v1.to_string().as_bytes()).is_ok());
     }
 
     #[test]

@@ -5,11 +5,14 @@ use chrono::{DateTime, Utc};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
-use super::message::{json_reason, PoisonReason, MAX_BODY_BYTES};
+use super::message::{json_reason_of, supported, version_one, PoisonReason, MAX_BODY_BYTES};
 
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct PaymentCallback {
+    /// The contract's major version (`message::SCHEMA_VERSION`); absent means 1.
+    #[serde(default = "version_one")]
+    pub schema_version: u16,
     pub payment_id: Uuid,
     pub payment_request_id: Uuid,
     pub order_id: i64,
@@ -36,7 +39,8 @@ impl PaymentCallback {
                 format!("body is {} bytes, limit {MAX_BODY_BYTES}", body.len()),
             ));
         }
-        let cb: Self = serde_json::from_slice(body).map_err(json_reason)?;
+        let cb: Self = serde_json::from_slice(body).map_err(|e| json_reason_of(body, e))?;
+        supported(cb.schema_version)?;
         cb.validate()?;
         Ok(cb)
     }

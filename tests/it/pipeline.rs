@@ -431,6 +431,14 @@ async fn poison_messages_are_dead_lettered_with_their_reason_and_valid_ones_stil
             "invalid_value",
             mutate(&|v| v["reservation_id"] = serde_json::json!("not-a-uuid")),
         ),
+        // A major version from a newer producer, with a field version 1 lacks.
+        (
+            "unsupported_version",
+            mutate(&|v| {
+                v["schema_version"] = serde_json::json!(2);
+                v["gift_wrap"] = serde_json::json!(true);
+            }),
+        ),
         // Well-formed, but names an inventory bucket that does not exist.
         (
             "processing_failed",

@@ -130,6 +130,7 @@ impl Plan {
             }
             if shape == Shape::PaymentsRace && rng.random_bool(0.7) {
                 let cb = PaymentCallback {
+                    schema_version: seckill_engine::domain::message::SCHEMA_VERSION,
                     payment_id: Uuid::now_v7(),
                     payment_request_id: Uuid::now_v7(),
                     order_id,

@@ -49,6 +49,7 @@ pub fn order(activity: i64, sku: i64, user: i64, bucket: i16) -> OrderCreateMess
         .expect("the tests' generator has no lease to lose");
     let now = Utc::now();
     OrderCreateMessage {
+        schema_version: seckill_engine::domain::message::SCHEMA_VERSION,
         message_id: Uuid::now_v7(),
         request_id: Uuid::now_v7(),
         reservation_id: Uuid::now_v7(),
@@ -139,6 +140,7 @@ pub async fn publish_to(
 /// A payment callback paying `msg`'s order in full.
 pub fn payment_for(msg: &OrderCreateMessage) -> seckill_engine::domain::payment::PaymentCallback {
     seckill_engine::domain::payment::PaymentCallback {
+        schema_version: seckill_engine::domain::message::SCHEMA_VERSION,
         payment_id: Uuid::now_v7(),
         payment_request_id: Uuid::now_v7(),
         order_id: msg.order_id,

@@ -228,6 +228,7 @@ fn order_message(
     ttl_ms: i64,
 ) -> OrderCreateMessage {
     OrderCreateMessage {
+        schema_version: crate::domain::message::SCHEMA_VERSION,
         message_id: Uuid::now_v7(),
         request_id: call.request_id,
         reservation_id: call.reservation_id,
