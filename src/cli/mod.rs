@@ -5,6 +5,7 @@
 mod activity;
 mod check;
 mod diagnose;
+mod health;
 mod maintain;
 mod migrate;
 mod redis;
@@ -79,6 +80,9 @@ pub enum Command {
         #[arg(long)]
         force: bool,
     },
+    /// Whether this host's engine is ready: GET /readyz on admin.addr; exits 0 on
+    /// 200, else 1 (a container's HEALTHCHECK).
+    Health,
     /// The front stage's Redis keys.
     #[command(subcommand)]
     Redis(RedisCommand),
@@ -159,6 +163,7 @@ pub fn run(cli: Cli) -> anyhow::Result<ExitCode> {
             on_runtime(maintain::run(&settings, activity, force))
         }
         Command::Reshard { shards } => on_runtime(reshard::run(&settings, shards)),
+        Command::Health => health::run(&settings),
         Command::Redis(RedisCommand::Rebuild { activity }) => {
             on_runtime(redis::rebuild(&settings, activity))
         }
