@@ -618,6 +618,7 @@ const ALLOWED_IMPORTS: &[(&str, &[&str])] = &[
         "actors",
         &[
             "config",
+            "cores",
             "domain",
             "mq",
             "services",
@@ -643,6 +644,7 @@ const ALLOWED_IMPORTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("config", &["domain", "tls"]),
+    ("cores", &[]),
     ("domain", &[]),
     ("drift", &["redis", "store"]),
     (
@@ -663,6 +665,7 @@ const ALLOWED_IMPORTS: &[(&str, &[&str])] = &[
         "http",
         &[
             "config",
+            "cores",
             "domain",
             "mq",
             "rebuild",
@@ -690,7 +693,9 @@ const ALLOWED_IMPORTS: &[(&str, &[&str])] = &[
     ),
     (
         "startup",
-        &["config", "domain", "engine", "http", "status", "store"],
+        &[
+            "config", "cores", "domain", "engine", "http", "status", "store",
+        ],
     ),
     ("status", &["domain", "telemetry"]),
     (
