@@ -79,23 +79,15 @@ impl Cluster {
 
     /// Runs `scripts/services ARGS` against these instances.
     pub fn services(&self, args: &[&str]) -> anyhow::Result<String> {
-        let out = Command::new(&self.script)
-            .args(args)
-            .env("SECKILL_SERVICES_DIR", &self.dir)
-            .env("SECKILL__DATABASE__URL", self.pg_url("seckill"))
-            .env("SECKILL__AMQP__URL", self.amqp_url())
-            .env("SECKILL__REDIS__URL", self.redis_url())
-            .output()
-            .context("running scripts/services")?;
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        if !out.status.success() {
-            bail!("scripts/services {args:?} failed:\n{text}");
-        }
-        Ok(text)
+        script_output(
+            Command::new(&self.script)
+                .env("SECKILL_SERVICES_DIR", &self.dir)
+                .env("SECKILL__DATABASE__URL", self.pg_url("seckill"))
+                .env("SECKILL__AMQP__URL", self.amqp_url())
+                .env("SECKILL__REDIS__URL", self.redis_url()),
+            "scripts/services",
+            args,
+        )
     }
 
     /// `pg_ctl stop -m immediate` by signal: the postmaster gets SIGQUIT, every
@@ -172,6 +164,24 @@ pub fn signal(pid: &str, name: &str) -> anyhow::Result<()> {
         bail!("kill -{name} {pid} failed");
     }
     Ok(())
+}
+
+/// Runs one of the project's scripts (`name`, for the error) to its end: its
+/// output, or an error with it when it failed.
+fn script_output(cmd: &mut Command, name: &str, args: &[&str]) -> anyhow::Result<String> {
+    let out = cmd
+        .args(args)
+        .output()
+        .with_context(|| format!("running {name}"))?;
+    let text = format!(
+        "{}{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+    if !out.status.success() {
+        bail!("{name} {args:?} failed:\n{text}");
+    }
+    Ok(text)
 }
 
 /// One engine (`seckill-engine serve`) as a child process.
@@ -400,21 +410,11 @@ impl HaTopology {
 
     /// `scripts/failover ARGS`.
     pub fn failover(&self, args: &[&str]) -> anyhow::Result<String> {
-        let script = self.script.with_file_name("failover");
-        let out = Command::new(&script)
-            .args(args)
-            .envs(self.env())
-            .output()
-            .context("running scripts/failover")?;
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        if !out.status.success() {
-            bail!("scripts/failover {args:?} failed:\n{text}");
-        }
-        Ok(text)
+        script_output(
+            Command::new(self.script.with_file_name("failover")).envs(self.env()),
+            "scripts/failover",
+            args,
+        )
     }
 
     /// The servers `scripts/failover status` shows as standbys (`pgN`).
@@ -543,20 +543,11 @@ impl ServiceTopology {
 
     /// `scripts/services ARGS` against this topology; its output.
     pub fn services(&self, args: &[&str]) -> anyhow::Result<String> {
-        let out = Command::new(&self.script)
-            .args(args)
-            .envs(self.env())
-            .output()
-            .context("running scripts/services")?;
-        let text = format!(
-            "{}{}",
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-        if !out.status.success() {
-            bail!("scripts/services {args:?} failed:\n{text}");
-        }
-        Ok(text)
+        script_output(
+            Command::new(&self.script).envs(self.env()),
+            "scripts/services",
+            args,
+        )
     }
 
     /// The AMQP cluster node (1, 2 or 3) that holds most of the engines' order
