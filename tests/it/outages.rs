@@ -288,6 +288,16 @@ async fn redis_ha() -> crate::common::Topology {
     crate::common::Topology::start("--redis-ha", "SECKILL_REDIS_HA_PORTS", 5, "redis-ha.toml").await
 }
 
+/// Waits until the replica has the master's writes so far (`WAIT 1`, 5 s at most).
+async fn replicated(redis: &mut ::redis::aio::MultiplexedConnection) {
+    let _: i64 = ::redis::cmd("WAIT")
+        .arg(1)
+        .arg(5_000)
+        .query_async(redis)
+        .await
+        .unwrap();
+}
+
 /// The sentinels' URLs of a `redis_ha` topology.
 fn sentinels(ha: &crate::common::Topology) -> Vec<String> {
     ha.ports[2..]
@@ -318,12 +328,7 @@ async fn the_front_stage_follows_a_promoted_redis_master_without_a_restart() {
         .await
         .unwrap();
     // The replica has the stock before the master goes (WAIT: replicated writes).
-    let _: i64 = ::redis::cmd("WAIT")
-        .arg(1)
-        .arg(5_000)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    replicated(&mut redis).await;
     let engine = EngineHandle::start(&env.settings).await;
     let (front, handle) = crate::front_client::Front::serve(
         &env.settings,
@@ -347,12 +352,7 @@ async fn the_front_stage_follows_a_promoted_redis_master_without_a_restart() {
         .query_async(&mut redis)
         .await
         .unwrap();
-    let _: i64 = ::redis::cmd("WAIT")
-        .arg(1)
-        .arg(5_000)
-        .query_async(&mut redis)
-        .await
-        .unwrap();
+    replicated(&mut redis).await;
 
     let killed = ha.services(&["redis-ha-kill-master"]).await;
     let kill_at = Instant::now();

@@ -90,6 +90,20 @@ impl Cluster {
         )
     }
 
+    /// `scripts/services up FLAG` for a topology of a scenario's own (`env`: its
+    /// directory and ports) beside these services, which answer, so `up` uses them.
+    pub fn up_beside(&self, env: Vec<(&str, String)>, flag: &str) -> anyhow::Result<String> {
+        script_output(
+            Command::new(&self.script)
+                .envs(env)
+                .env("SECKILL__DATABASE__URL", self.pg_url("seckill"))
+                .env("SECKILL__AMQP__URL", self.amqp_url())
+                .env("SECKILL__REDIS__URL", self.redis_url()),
+            "scripts/services",
+            &["up", flag],
+        )
+    }
+
     /// `pg_ctl stop -m immediate` by signal: the postmaster gets SIGQUIT, every
     /// backend dies without a checkpoint, and recovery replays the WAL on restart.
     pub async fn pg_crash(&self) -> anyhow::Result<()> {
@@ -365,23 +379,9 @@ impl HaTopology {
             script: cluster.script.clone(),
         };
         std::fs::create_dir_all(&topology.dir)?;
-        // The plain services are the cluster's (they answer, so `up` uses them).
-        let out = Command::new(&topology.script)
-            .args(["up", "--ha"])
-            .envs(topology.env())
-            .env("SECKILL__DATABASE__URL", cluster.pg_url("seckill"))
-            .env("SECKILL__AMQP__URL", cluster.amqp_url())
-            .env("SECKILL__REDIS__URL", cluster.redis_url())
-            .env("HA_SYNC", if sync { "on" } else { "off" })
-            .output()
-            .context("running scripts/services up --ha")?;
-        if !out.status.success() {
-            bail!(
-                "scripts/services up --ha failed:\n{}{}",
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
-            );
-        }
+        let mut env = topology.env();
+        env.push(("HA_SYNC", if sync { "on" } else { "off" }.to_owned()));
+        cluster.up_beside(env, "--ha")?;
         Ok(topology)
     }
 
@@ -502,21 +502,11 @@ impl ServiceTopology {
             script: cluster.script.clone(),
         };
         std::fs::create_dir_all(&topology.dir)?;
-        // The plain services are the cluster's (they answer, so `up` uses them).
-        let out = Command::new(&topology.script)
-            .args(["up", kind.flag()])
-            .envs(topology.env())
-            .env("SECKILL__DATABASE__URL", cluster.pg_url("seckill"))
-            .env("SECKILL__AMQP__URL", cluster.amqp_url())
-            .env("SECKILL__REDIS__URL", cluster.redis_url())
-            .output()
-            .with_context(|| format!("running scripts/services up {}", kind.flag()))?;
-        if !out.status.success() || !topology.settings().is_file() {
+        let out = cluster.up_beside(topology.env(), kind.flag())?;
+        if !topology.settings().is_file() {
             bail!(
-                "scripts/services up {} failed:\n{}{}",
-                kind.flag(),
-                String::from_utf8_lossy(&out.stdout),
-                String::from_utf8_lossy(&out.stderr)
+                "scripts/services up {} wrote no settings:\n{out}",
+                kind.flag()
             );
         }
         Ok(topology)
