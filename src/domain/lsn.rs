@@ -31,9 +31,16 @@ pub struct BadLsn;
 impl FromStr for Lsn {
     type Err = BadLsn;
     fn from_str(s: &str) -> Result<Lsn, BadLsn> {
-        let (high, low) = s.trim().split_once('/').ok_or(BadLsn)?;
-        let high = u32::from_str_radix(high, 16).map_err(|_| BadLsn)?;
-        let low = u32::from_str_radix(low, 16).map_err(|_| BadLsn)?;
+        // Exactly PostgreSQL's `%X/%X`: hexadecimal digits only (`from_str_radix`
+        // alone would take a sign), as the OpenAPI document's pattern says.
+        let (high, low) = s.split_once('/').ok_or(BadLsn)?;
+        let half = |h: &str| {
+            if h.is_empty() || h.len() > 8 || !h.bytes().all(|b| b.is_ascii_hexdigit()) {
+                return Err(BadLsn);
+            }
+            u32::from_str_radix(h, 16).map_err(|_| BadLsn)
+        };
+        let (high, low) = (half(high)?, half(low)?);
         Ok(Lsn((u64::from(high) << 32) | u64::from(low)))
     }
 }
@@ -49,7 +56,16 @@ mod tests {
         assert_eq!(lsn.to_string(), "16/B374D848");
         assert_eq!(Lsn(0).to_string(), "0/0");
         assert!("1/0".parse::<Lsn>().unwrap() > "0/FFFFFFFF".parse().unwrap());
-        for bad in ["", "16", "x/1", "1/2/3", "100000000/0"] {
+        for bad in [
+            "",
+            "16",
+            "x/1",
+            "1/2/3",
+            "100000000/0",
+            "+1/2",
+            " 1/2",
+            "1/-2",
+        ] {
             assert!(bad.parse::<Lsn>().is_err(), "{bad}");
         }
     }

@@ -8,7 +8,8 @@ use std::sync::Arc;
 use actix_web::{web, App, HttpResponse, HttpServer};
 use serde_json::json;
 
-use super::operations::Operations;
+use super::openapi::SecuritySchemes;
+use super::operations::{admin_error, AdminError, Gate, Operations};
 use super::{HttpError, Running};
 use crate::config::Settings;
 use crate::status::IntakeStats;
@@ -35,14 +36,16 @@ pub async fn start(
     intakes: Arc<IntakeStats>,
     readiness: Arc<Readiness>,
 ) -> Result<Running, HttpError> {
-    let operations = web::Data::new(Operations {
+    let gate = web::Data::new(Gate {
         token: settings.admin.token.clone(),
+        refusals: Default::default(),
+    });
+    let operations = web::Data::new(Operations {
         pool: pool.clone(),
         amqp: settings.amqp.clone(),
         readiness: readiness.clone(),
         intakes: intakes.clone(),
         inbox_window: settings.retention.inbox_window(),
-        refusals: Default::default(),
     });
     let hosts = web::Data::new(AllowedHosts(settings.admin.allowed_hosts.clone()));
     let state = web::Data::new(Admin {
@@ -65,12 +68,19 @@ pub async fn start(
             .app_data(state.clone())
             .app_data(hosts.clone())
             .app_data(operations.clone())
-            .app_data(web::JsonConfig::default().limit(4096))
+            .app_data(gate.clone())
+            .app_data(
+                web::JsonConfig::default()
+                    .limit(4096)
+                    .error_handler(|e, _| malformed(e.to_string())),
+            )
+            .app_data(web::QueryConfig::default().error_handler(|e, _| malformed(e.to_string())))
             .route("/livez", web::get().to(livez))
             .route("/readyz", web::get().to(readyz))
             .route("/", web::get().to(live_page))
             .route("/status", web::get().to(status))
             .route("/metrics", web::get().to(metrics))
+            .route("/openapi.json", web::get().to(openapi_json))
             .configure(super::operations::routes)
     })
     .workers(1)
@@ -87,6 +97,51 @@ pub async fn start(
         server: server.run(),
         addr,
     })
+}
+
+/// The admin listener's OpenAPI document (`http::openapi`): the probes, the live
+/// page's data, the metrics and, merged in, the operator API.
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "seckill-engine admin listener",
+        description = "Probes, metrics, the live page and its data, and the operator API \
+                       (off unless `admin.token` is set). Not for buyers: keep it off the \
+                       public network."
+    ),
+    paths(livez, readyz, live_page, status, metrics, openapi_json),
+    modifiers(&SecuritySchemes),
+    tags(
+        (name = "probes", description = "Liveness, readiness, metrics and the live page"),
+        (name = "operator", description = "Pause and resume intake, the outbox, dead letters, maintenance")
+    )
+)]
+pub struct AdminApi;
+
+/// The document as served and committed (docs/contracts/admin.openapi.json).
+pub fn openapi_document() -> String {
+    let mut document = <AdminApi as utoipa::OpenApi>::openapi();
+    document.merge(<super::operations::OperationsApi as utoipa::OpenApi>::openapi());
+    super::openapi::render(&document)
+}
+
+/// This listener's OpenAPI document.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "probes",
+    responses((status = 200, description = "This document", content_type = "application/json"))
+)]
+async fn openapi_json() -> HttpResponse {
+    static DOCUMENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    super::openapi::answer(DOCUMENT.get_or_init(openapi_document))
+}
+
+/// A body or query that does not parse: 400 `{"error": ..}`, like every other
+/// refusal of the operator API (actix's own answer is plain text).
+fn malformed(why: String) -> actix_web::Error {
+    let answer = admin_error(HttpResponse::BadRequest(), why.clone());
+    actix_web::error::InternalError::from_response(why, answer).into()
 }
 
 /// `admin.allowed_hosts`.
@@ -248,6 +303,12 @@ fn own_checks(
 }
 
 /// The process runs and its runtime answers.
+#[utoipa::path(
+    get,
+    path = "/livez",
+    tag = "probes",
+    responses((status = 200, description = "`{\"status\": \"ok\"}`", body = Object))
+)]
 async fn livez() -> HttpResponse {
     HttpResponse::Ok().json(json!({"status": "ok"}))
 }
@@ -262,6 +323,15 @@ async fn livez() -> HttpResponse {
 /// reads "degraded: ..." while down: orders do not need it, and the front stage's
 /// own check says when its buyers do); 503 otherwise (an operator pause included). Standing by for shards another instance is active on
 /// is ready. `seckill_ready` is the monitor's to set, not this probe's.
+#[utoipa::path(
+    get,
+    path = "/readyz",
+    tag = "probes",
+    responses(
+        (status = 200, description = "Ready: every check `ok` (Redis may read `degraded: ..`)", body = Object),
+        (status = 503, description = "Not ready: the same body, the failing checks with their reasons", body = Object),
+    )
+)]
 async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
     let (ready, checks, age) = readiness_checks(&admin);
     let body = json!({
@@ -279,12 +349,28 @@ async fn readyz(admin: web::Data<Admin>) -> HttpResponse {
     }
 }
 
+/// The Prometheus metrics (docs/OPERATIONS.md, "Metrics").
+#[utoipa::path(
+    get,
+    path = "/metrics",
+    tag = "probes",
+    responses(
+        (status = 200, description = "Prometheus text exposition format 0.0.4", content_type = "text/plain"),
+        (status = 401, description = "`admin.metrics_token` is set and was not given", body = AdminError,
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+        (status = 503, description = "No metrics recorder is installed", content_type = "text/plain"),
+    ),
+    security((), ("metrics" = []))
+)]
 async fn metrics(admin: web::Data<Admin>, req: actix_web::HttpRequest) -> HttpResponse {
     if let Some(token) = &admin.metrics_token {
         if !super::operations::bearer_is(&req, token) {
-            return HttpResponse::Unauthorized()
-                .insert_header((actix_web::http::header::WWW_AUTHENTICATE, "Bearer"))
-                .json(json!({"error": "missing or wrong bearer token (admin.metrics_token)"}));
+            return admin_error(
+                HttpResponse::Unauthorized()
+                    .insert_header((actix_web::http::header::WWW_AUTHENTICATE, "Bearer"))
+                    .take(),
+                "missing or wrong bearer token (admin.metrics_token)",
+            );
         }
     }
     match crate::telemetry::metrics() {
@@ -300,6 +386,13 @@ async fn metrics(admin: web::Data<Admin>, req: actix_web::HttpRequest) -> HttpRe
 }
 
 /// The live page; its numbers only when `/status` would answer this request.
+#[utoipa::path(
+    get,
+    path = "/",
+    tag = "probes",
+    responses((status = 200, description = "The live page", content_type = "text/html")),
+    security((), ("metrics" = []))
+)]
 async fn live_page(admin: web::Data<Admin>, req: actix_web::HttpRequest) -> HttpResponse {
     let allowed = admin
         .metrics_token
@@ -327,12 +420,26 @@ async fn live_page(admin: web::Data<Admin>, req: actix_web::HttpRequest) -> Http
 }
 
 /// What the live page polls (behind `admin.metrics_token` when it is set).
+#[utoipa::path(
+    get,
+    path = "/status",
+    tag = "probes",
+    responses(
+        (status = 200, description = "The live figures: readiness, the sales, latency, backlog, dead letters, `version`", body = Object),
+        (status = 401, description = "`admin.metrics_token` is set and was not given", body = AdminError,
+            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
+    ),
+    security((), ("metrics" = []))
+)]
 async fn status(admin: web::Data<Admin>, req: actix_web::HttpRequest) -> HttpResponse {
     if let Some(token) = &admin.metrics_token {
         if !super::operations::bearer_is(&req, token) {
-            return HttpResponse::Unauthorized()
-                .insert_header((actix_web::http::header::WWW_AUTHENTICATE, "Bearer"))
-                .json(json!({"error": "missing or wrong bearer token (admin.metrics_token)"}));
+            return admin_error(
+                HttpResponse::Unauthorized()
+                    .insert_header((actix_web::http::header::WWW_AUTHENTICATE, "Bearer"))
+                    .take(),
+                "missing or wrong bearer token (admin.metrics_token)",
+            );
         }
     }
     HttpResponse::Ok()

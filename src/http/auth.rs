@@ -12,12 +12,11 @@
 
 use super::client::Proxies;
 
-use actix_web::http::header::{HeaderName, HeaderValue, WWW_AUTHENTICATE};
-use actix_web::{HttpRequest, HttpResponse};
+use actix_web::http::header::{HeaderName, HeaderValue};
+use actix_web::HttpRequest;
 use jsonwebtoken::{Algorithm, DecodingKey, Validation};
 use secrecy::ExposeSecret;
 use serde::Deserialize;
-use serde_json::json;
 
 use crate::config::{AuthMode, AuthSettings};
 
@@ -256,21 +255,19 @@ pub fn issue_hs256(
     )
 }
 
-/// 401 with `WWW-Authenticate: Bearer` (RFC 6750), saying why.
-pub fn unauthorized(e: &AuthError) -> HttpResponse {
-    let challenge = match e {
+/// The `WWW-Authenticate` challenge of a 401 for `e` (RFC 6750).
+pub fn challenge(e: &AuthError) -> HeaderValue {
+    HeaderValue::from_static(match e {
         AuthError::Missing => "Bearer",
         _ => "Bearer error=\"invalid_token\"",
-    };
-    HttpResponse::Unauthorized()
-        .insert_header((WWW_AUTHENTICATE, HeaderValue::from_static(challenge)))
-        .json(json!({"status": "UNAUTHORIZED", "reason": e.to_string()}))
+    })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
     use actix_web::test::TestRequest;
+    use serde_json::json;
     use std::time::Duration;
 
     const SECRET: &str = "a-unit-test-secret-of-at-least-32-bytes";

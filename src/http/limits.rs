@@ -9,11 +9,9 @@ use std::net::IpAddr;
 use std::num::NonZeroU32;
 use std::time::Duration;
 
-use actix_web::http::header::RETRY_AFTER;
-use actix_web::{HttpRequest, HttpResponse};
+use actix_web::HttpRequest;
 use governor::clock::{Clock, DefaultClock};
 use governor::{DefaultKeyedRateLimiter, Quota, RateLimiter};
-use serde_json::json;
 
 use super::client::{limit_key, Proxies};
 use crate::config::{Cidr, RateLimitSettings};
@@ -109,14 +107,12 @@ impl Limits {
     }
 }
 
-/// 429 `RATE_LIMITED` with `Retry-After` in whole seconds (at least 1).
-pub fn too_many(limited: Limited) -> HttpResponse {
+/// Counts a refusal; the `Retry-After` of its 429, in whole seconds (at least 1).
+pub fn refused(limited: Limited) -> u64 {
     metrics::counter!(crate::telemetry::names::HTTP_RATE_LIMITED_TOTAL, "scope" => limited.scope)
         .increment(1);
     let secs = limited.wait.as_secs() + u64::from(limited.wait.subsec_nanos() > 0);
-    HttpResponse::TooManyRequests()
-        .insert_header((RETRY_AFTER, secs.max(1).to_string()))
-        .json(json!({"status": "RATE_LIMITED", "scope": limited.scope}))
+    secs.max(1)
 }
 
 #[cfg(test)]

@@ -8,6 +8,7 @@ pub mod client;
 pub mod front;
 pub mod limits;
 pub mod live_page;
+pub mod openapi;
 pub mod operations;
 
 use std::net::SocketAddr;

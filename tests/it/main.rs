@@ -16,6 +16,7 @@ mod group_commit;
 mod ha;
 mod health;
 mod live_page;
+mod openapi;
 mod outages;
 mod pipeline;
 mod pool;

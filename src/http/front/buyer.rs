@@ -7,12 +7,13 @@
 use std::future::{ready, Ready};
 
 use actix_web::dev::Payload;
+use actix_web::http::header::{RETRY_AFTER, WWW_AUTHENTICATE};
 use actix_web::{web, FromRequest, HttpRequest, HttpResponse, ResponseError};
 
-use super::answers::unavailable;
+use super::answers::{unavailable, Problem, ProblemStatus};
 use super::state::FrontStage;
-use crate::http::auth::{unauthorized, AuthError};
-use crate::http::limits::{too_many, Limited};
+use crate::http::auth::{challenge, AuthError};
+use crate::http::limits::{self, Limited};
 
 /// A buyer about to spend something (a reservation, a purchase token): counted
 /// against the address and the per-user limits.
@@ -44,8 +45,24 @@ impl std::fmt::Display for Refused {
 impl ResponseError for Refused {
     fn error_response(&self) -> HttpResponse {
         match self {
-            Refused::Limited(limited) => too_many(*limited),
-            Refused::Unauthorized(e) => unauthorized(e),
+            // 429 with `Retry-After`, saying which limit.
+            Refused::Limited(limited) => Problem {
+                scope: Some(limited.scope.to_owned()),
+                ..Problem::new(ProblemStatus::RateLimited)
+            }
+            .answer(
+                HttpResponse::TooManyRequests()
+                    .insert_header((RETRY_AFTER, limits::refused(*limited).to_string()))
+                    .take(),
+            ),
+            // 401 with `WWW-Authenticate: Bearer` (RFC 6750), saying why.
+            Refused::Unauthorized(e) => Problem::new(ProblemStatus::Unauthorized)
+                .reason(e.to_string())
+                .answer(
+                    HttpResponse::Unauthorized()
+                        .insert_header((WWW_AUTHENTICATE, challenge(e)))
+                        .take(),
+                ),
             Refused::Unwired => unavailable("front stage not ready"),
         }
     }

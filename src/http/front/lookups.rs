@@ -9,15 +9,17 @@ use std::sync::atomic::Ordering;
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use serde::Deserialize;
-use serde_json::json;
 use uuid::Uuid;
 
-use super::answers::{bad_request, not_found, screaming_snake, unavailable};
+use super::answers::{
+    bad_request, not_found, unavailable, Order, OrderHistory, OrderState, Problem, Reservation,
+    ReservationState,
+};
 use super::buyer::Reader;
 use super::links::Replica;
 use super::state::FrontStage;
 use crate::domain::lsn::Lsn;
-use crate::domain::status::{OrderStatus, ReservationStatus};
+use crate::domain::status::ReservationStatus;
 use crate::redis::commands;
 use crate::store::reads::{self, OrderView, ReservationView};
 
@@ -31,10 +33,14 @@ const MIN_LSN: &str = "X-Min-LSN";
 const HISTORY_MAX: i64 = 100;
 const HISTORY_DEFAULT: i64 = 20;
 
-#[derive(Debug, Deserialize)]
+#[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[serde(deny_unknown_fields)]
+#[into_params(parameter_in = Query)]
 pub(super) struct HistoryQuery {
+    /// How many orders, 1 to 100 (20 when not given).
+    #[param(minimum = 1, maximum = 100)]
     limit: Option<i64>,
+    /// Only orders older than this order id: the previous page's `next_before`.
     before: Option<i64>,
 }
 
@@ -44,7 +50,7 @@ pub(super) struct HistoryQuery {
 async fn from_primary(
     front: &FrontStage,
     mut answer: actix_web::HttpResponseBuilder,
-    body: serde_json::Value,
+    body: impl serde::Serialize,
 ) -> HttpResponse {
     answer.insert_header((READ_SOURCE, "primary"));
     if let Ok(conn) = front.pool.get().await {
@@ -56,23 +62,48 @@ async fn from_primary(
 }
 
 /// A reservation PostgreSQL has recorded, as the buyer sees it.
-fn reservation_json(reservation_id: Uuid, r: &ReservationView) -> serde_json::Value {
+fn reservation_json(reservation_id: Uuid, r: &ReservationView) -> Reservation {
     match ReservationStatus::from_code(r.status) {
-        Some(ReservationStatus::Ordered) => json!({
-            "reservation_id": reservation_id, "status": "ORDERED",
-            "order_id": r.order_id, "order_no": r.order_no,
-            "expire_at": r.expire_at,
-        }),
-        Some(ReservationStatus::Rejected) => {
-            json!({"reservation_id": reservation_id, "status": "REJECTED", "reason": r.failure_code})
-        }
-        Some(ReservationStatus::Released) => {
-            json!({"reservation_id": reservation_id, "status": "RELEASED", "order_id": r.order_id})
-        }
-        _ => json!({"reservation_id": reservation_id, "status": "PENDING"}),
+        Some(ReservationStatus::Ordered) => Reservation {
+            order_id: r.order_id,
+            order_no: r.order_no.clone(),
+            expire_at: r.expire_at,
+            ..Reservation::new(reservation_id, ReservationState::Ordered)
+        },
+        Some(ReservationStatus::Rejected) => Reservation {
+            reason: r.failure_code.clone(),
+            ..Reservation::new(reservation_id, ReservationState::Rejected)
+        },
+        Some(ReservationStatus::Released) => Reservation {
+            order_id: r.order_id,
+            ..Reservation::new(reservation_id, ReservationState::Released)
+        },
+        _ => Reservation::new(reservation_id, ReservationState::Pending),
     }
 }
 
+/// A reservation of the buyer's: `QUEUED` until PostgreSQL has it.
+#[utoipa::path(
+    get,
+    path = "/v1/reservations/{reservation_id}",
+    tag = "buyer",
+    params(("reservation_id" = Uuid, Path, description = "From the 202 of the reservation")),
+    responses(
+        (status = 200, description = "The reservation", body = Reservation, headers(
+                ("X-Read-Source" = String, description = "`primary` or `replica`: where it was read"),
+                ("X-Read-LSN" = String, description = "The WAL position the answer reflects, when known; pass it back as `X-Min-LSN`"),
+            )),
+        (status = 404, description = "No such reservation, or not this buyer's (`NOT_FOUND`)", body = Problem),
+        (status = 400, description = "A parameter is malformed (`INVALID_REQUEST`)", body = Problem),
+        (status = 401, description = "No valid credentials (`UNAUTHORIZED`)", body = Problem,
+            headers(("WWW-Authenticate" = String, description = "`Bearer`, RFC 6750"))),
+        (status = 429, description = "Over the per-address or per-user read limit (`RATE_LIMITED`)", body = Problem,
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+        (status = 503, description = "PostgreSQL is unavailable for now (`UNAVAILABLE`)", body = Problem,
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+    ),
+    security(("buyer" = []))
+)]
 pub(super) async fn reservation(
     Reader(user_id): Reader,
     front: web::Data<FrontStage>,
@@ -101,31 +132,50 @@ pub(super) async fn reservation(
         .unwrap_or(None);
     match owner {
         Some(owner) if owner == user_id => {
-            HttpResponse::Ok().json(json!({"reservation_id": reservation_id, "status": "QUEUED"}))
+            HttpResponse::Ok().json(Reservation::new(reservation_id, ReservationState::Queued))
         }
         _ => not_found(),
     }
 }
 
-fn order_json(o: &OrderView) -> serde_json::Value {
-    let name = OrderStatus::from_code(o.status)
-        .map(|s| s.name())
-        .unwrap_or("UNKNOWN");
-    json!({
-        "order_id": o.order_id,
-        "order_no": o.order_no,
-        "status": screaming_snake(name),
-        "activity_id": o.activity_id,
-        "sku_id": o.sku_id,
-        "user_id": o.user_id,
-        "total_amount": o.total_amount,
-        "currency": o.currency,
-        "expire_at": o.expire_at,
-        "paid_at": o.paid_at,
-        "cancelled_at": o.cancelled_at,
-    })
+fn order_json(o: &OrderView) -> Order {
+    Order {
+        order_id: o.order_id,
+        order_no: o.order_no.clone(),
+        status: OrderState::of(o.status),
+        activity_id: o.activity_id,
+        sku_id: o.sku_id,
+        user_id: o.user_id,
+        total_amount: o.total_amount,
+        currency: o.currency.clone(),
+        expire_at: o.expire_at,
+        paid_at: o.paid_at,
+        cancelled_at: o.cancelled_at,
+    }
 }
 
+/// An order of the buyer's, read from the primary.
+#[utoipa::path(
+    get,
+    path = "/v1/orders/{order_id}",
+    tag = "buyer",
+    params(("order_id" = i64, Path, minimum = 1, description = "From the 202 of the reservation")),
+    responses(
+        (status = 200, description = "The order", body = Order, headers(
+                ("X-Read-Source" = String, description = "`primary` or `replica`: where it was read"),
+                ("X-Read-LSN" = String, description = "The WAL position the answer reflects, when known; pass it back as `X-Min-LSN`"),
+            )),
+        (status = 404, description = "No such order, or not this buyer's (`NOT_FOUND`)", body = Problem),
+        (status = 400, description = "A parameter is malformed (`INVALID_REQUEST`)", body = Problem),
+        (status = 401, description = "No valid credentials (`UNAUTHORIZED`)", body = Problem,
+            headers(("WWW-Authenticate" = String, description = "`Bearer`, RFC 6750"))),
+        (status = 429, description = "Over the per-address or per-user read limit (`RATE_LIMITED`)", body = Problem,
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+        (status = 503, description = "PostgreSQL is unavailable for now (`UNAVAILABLE`)", body = Problem,
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+    ),
+    security(("buyer" = []))
+)]
 pub(super) async fn order(
     Reader(user_id): Reader,
     front: web::Data<FrontStage>,
@@ -151,6 +201,30 @@ pub(super) async fn order(
 /// are allowed here (§14.4): a replica serves while its lag is within
 /// `database.replica_max_lag_ms` and it has replayed at least the client's
 /// `X-Min-LSN`; otherwise the primary does.
+#[utoipa::path(
+    get,
+    path = "/v1/me/orders",
+    tag = "buyer",
+    params(
+        HistoryQuery,
+        ("X-Min-LSN" = Option<String>, Header, nullable = false, min_length = 3, max_length = 17, pattern = r"^[0-9A-Fa-f]{1,8}/[0-9A-Fa-f]{1,8}$",
+            description = "An `X-Read-LSN` seen before: no older answer is given"),
+    ),
+    responses(
+        (status = 200, description = "The buyer's orders, newest first", body = OrderHistory, headers(
+                ("X-Read-Source" = String, description = "`primary` or `replica`: where it was read"),
+                ("X-Read-LSN" = String, description = "The WAL position the answer reflects, when known; pass it back as `X-Min-LSN`"),
+            )),
+        (status = 400, description = "A parameter is malformed (`INVALID_REQUEST`)", body = Problem),
+        (status = 401, description = "No valid credentials (`UNAUTHORIZED`)", body = Problem,
+            headers(("WWW-Authenticate" = String, description = "`Bearer`, RFC 6750"))),
+        (status = 429, description = "Over the per-address or per-user read limit (`RATE_LIMITED`)", body = Problem,
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+        (status = 503, description = "PostgreSQL is unavailable for now (`UNAVAILABLE`)", body = Problem,
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+    ),
+    security(("buyer" = []))
+)]
 pub(super) async fn my_orders(
     Reader(user_id): Reader,
     front: web::Data<FrontStage>,
@@ -219,12 +293,12 @@ async fn replica_history(
     )
 }
 
-fn history_json(orders: &[OrderView], limit: i64) -> serde_json::Value {
+fn history_json(orders: &[OrderView], limit: i64) -> OrderHistory {
     let next = (orders.len() as i64 == limit)
         .then(|| orders.last().map(|o| o.order_id))
         .flatten();
-    json!({
-        "orders": orders.iter().map(order_json).collect::<Vec<_>>(),
-        "next_before": next,
-    })
+    OrderHistory {
+        orders: orders.iter().map(order_json).collect(),
+        next_before: next,
+    }
 }

@@ -24,9 +24,10 @@ mod state;
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
-use actix_web::{web, App, HttpServer};
+use actix_web::{web, App, HttpResponse, HttpServer};
 
 use super::auth::Authenticator;
+use super::openapi::SecuritySchemes;
 use super::{HttpError, Running};
 use crate::config::Settings;
 use crate::domain::ids::IdGenerator;
@@ -37,23 +38,101 @@ use state::FrontStage;
 /// How often the rate limiters and the SKU cache forget what is no longer needed.
 const SHRINK_INTERVAL: Duration = Duration::from_secs(10);
 
+/// The front stage's OpenAPI document (`http::openapi`).
+#[derive(utoipa::OpenApi)]
+#[openapi(
+    info(
+        title = "seckill-engine front stage",
+        description = "Buyers reserve units of a flash sale and read their reservations and \
+                       orders. Every request speaks for the user its credentials name. \
+                       Errors are `Problem` bodies whose `status` a program can act on."
+    ),
+    paths(
+        reserve::reserve,
+        purchase_token::purchase_token_for,
+        lookups::reservation,
+        lookups::order,
+        lookups::my_orders,
+        openapi_json
+    ),
+    modifiers(&SecuritySchemes),
+    tags((name = "buyer", description = "A buyer's reservations and orders"))
+)]
+pub struct FrontApi;
+
+/// The document as served and committed (docs/contracts/front.openapi.json).
+pub fn openapi_document() -> String {
+    super::openapi::render(&<FrontApi as utoipa::OpenApi>::openapi())
+}
+
+/// This listener's OpenAPI document.
+#[utoipa::path(
+    get,
+    path = "/openapi.json",
+    tag = "contract",
+    responses((status = 200, description = "This document", content_type = "application/json"))
+)]
+async fn openapi_json() -> HttpResponse {
+    static DOCUMENT: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    super::openapi::answer(DOCUMENT.get_or_init(openapi_document))
+}
+
+/// A path or query that does not parse: 400 with a `Problem` body, like every other
+/// refusal (actix's own answer is plain text, and a 404 for a path).
+fn malformed(why: String) -> actix_web::Error {
+    actix_web::error::InternalError::from_response(why.clone(), answers::bad_request(why)).into()
+}
+
 /// The routes, a sale's two hot ones first: a request is matched against each in
-/// turn until one fits.
+/// turn until one fits. Anything else is a `NOT_FOUND` problem, or 405 with `Allow`
+/// for a known path and another method.
 pub fn routes(cfg: &mut web::ServiceConfig) {
-    cfg.route(
-        "/v1/activities/{activity_id}/skus/{sku_id}/reservations",
-        web::post().to(reserve::reserve),
+    cfg.app_data(web::PathConfig::default().error_handler(|e, _| malformed(e.to_string())))
+        .app_data(web::QueryConfig::default().error_handler(|e, _| malformed(e.to_string())));
+    cfg.service(
+        web::resource("/v1/activities/{activity_id}/skus/{sku_id}/reservations")
+            .post(reserve::reserve)
+            .default_service(only("POST")),
     )
-    .route(
-        "/v1/activities/{activity_id}/skus/{sku_id}/purchase-token",
-        web::get().to(purchase_token::purchase_token_for),
+    .service(
+        web::resource("/v1/activities/{activity_id}/skus/{sku_id}/purchase-token")
+            .get(purchase_token::purchase_token_for)
+            .default_service(only("GET")),
     )
-    .route(
-        "/v1/reservations/{reservation_id}",
-        web::get().to(lookups::reservation),
+    .service(
+        web::resource("/v1/reservations/{reservation_id}")
+            .get(lookups::reservation)
+            .default_service(only("GET")),
     )
-    .route("/v1/orders/{order_id}", web::get().to(lookups::order))
-    .route("/v1/me/orders", web::get().to(lookups::my_orders));
+    .service(
+        web::resource("/v1/orders/{order_id}")
+            .get(lookups::order)
+            .default_service(only("GET")),
+    )
+    .service(
+        web::resource("/v1/me/orders")
+            .get(lookups::my_orders)
+            .default_service(only("GET")),
+    )
+    .service(
+        web::resource("/openapi.json")
+            .get(openapi_json)
+            .default_service(only("GET")),
+    )
+    .default_service(web::to(|| async { answers::not_found() }));
+}
+
+/// A known path asked with another method: 405 with `Allow: method` (RFC 9110).
+fn only(method: &'static str) -> actix_web::Route {
+    web::to(move || async move {
+        answers::Problem::new(answers::ProblemStatus::InvalidRequest)
+            .error(format!("method not allowed here; use {method}"))
+            .answer(
+                HttpResponse::MethodNotAllowed()
+                    .insert_header((actix_web::http::header::ALLOW, method))
+                    .take(),
+            )
+    })
 }
 
 /// What `validate` says of the front stage's settings: whether it can authenticate

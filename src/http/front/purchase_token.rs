@@ -6,9 +6,8 @@
 use actix_web::{web, HttpRequest, HttpResponse};
 use chrono::Utc;
 use secrecy::{ExposeSecret, SecretString};
-use serde_json::json;
 
-use super::answers::{no_such_sku, unavailable};
+use super::answers::{no_such_sku, unavailable, Problem, ProblemStatus, PurchaseToken};
 use super::buyer::Buyer;
 use super::state::FrontStage;
 use crate::domain::purchase_token::{self, InvalidToken, PurchaseClaims};
@@ -29,8 +28,9 @@ impl TokenRefused {
     pub(super) fn respond(self) -> HttpResponse {
         metrics::counter!(crate::telemetry::names::PURCHASE_TOKENS_TOTAL, "outcome" => self.outcome)
             .increment(1);
-        HttpResponse::Forbidden()
-            .json(json!({"status": "PURCHASE_TOKEN_INVALID", "reason": self.reason}))
+        Problem::new(ProblemStatus::PurchaseTokenInvalid)
+            .reason(self.reason)
+            .answer(HttpResponse::Forbidden())
     }
 }
 
@@ -72,6 +72,28 @@ pub(super) fn check_purchase_token(
 
 /// `GET /v1/activities/{a}/skus/{s}/purchase-token`: a token for this buyer and SKU,
 /// only during the sale and at most `frontstage.purchase_token.max_per_user` times.
+#[utoipa::path(
+    get,
+    path = "/v1/activities/{activity_id}/skus/{sku_id}/purchase-token",
+    tag = "buyer",
+    params(
+        ("activity_id" = i64, Path, minimum = 1, description = "The sale"),
+        ("sku_id" = i64, Path, minimum = 1, description = "The SKU on sale"),
+    ),
+    responses(
+        (status = 200, description = "A purchase token for this buyer and SKU", body = PurchaseToken),
+        (status = 400, description = "A path parameter is not a positive integer (`INVALID_REQUEST`)", body = Problem),
+        (status = 401, description = "No valid credentials (`UNAUTHORIZED`)", body = Problem,
+            headers(("WWW-Authenticate" = String, description = "`Bearer`, RFC 6750"))),
+        (status = 404, description = "No such activity and SKU, or purchase tokens are off (`NOT_FOUND`)", body = Problem),
+        (status = 409, description = "`NOT_STARTED` (with `starts_at`) or `SALE_CLOSED`", body = Problem),
+        (status = 429, description = "`RATE_LIMITED` (with `Retry-After`) or `TOO_MANY_TOKENS` (with `max_per_user`)", body = Problem,
+            headers(("Retry-After" = u64, description = "Seconds to wait (`RATE_LIMITED`)"))),
+        (status = 503, description = "Redis or PostgreSQL is unavailable for now (`UNAVAILABLE`)", body = Problem,
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+    ),
+    security(("buyer" = []))
+)]
 pub(super) async fn purchase_token_for(
     Buyer(user_id): Buyer,
     front: web::Data<FrontStage>,
@@ -79,9 +101,9 @@ pub(super) async fn purchase_token_for(
 ) -> HttpResponse {
     let (activity_id, sku_id) = path.into_inner();
     let Some(secret) = &front.purchase_secret else {
-        return HttpResponse::NotFound().json(
-            json!({"status": "NOT_FOUND", "error": "purchase tokens are not required here"}),
-        );
+        return Problem::new(ProblemStatus::NotFound)
+            .error("purchase tokens are not required here")
+            .answer(HttpResponse::NotFound());
     };
     let sku = match front.skus.get((activity_id, sku_id)).await {
         Ok(Some(sku)) => sku,
@@ -90,11 +112,14 @@ pub(super) async fn purchase_token_for(
     };
     let now = Utc::now();
     if now < sku.start_at {
-        return HttpResponse::Conflict()
-            .json(json!({"status": "NOT_STARTED", "starts_at": sku.start_at}));
+        return Problem {
+            starts_at: Some(sku.start_at),
+            ..Problem::new(ProblemStatus::NotStarted)
+        }
+        .answer(HttpResponse::Conflict());
     }
     if now >= sku.end_at || sku.closed {
-        return HttpResponse::Conflict().json(json!({"status": "SALE_CLOSED"}));
+        return Problem::new(ProblemStatus::SaleClosed).answer(HttpResponse::Conflict());
     }
     let keys = SkuKeys::new(&front.key_prefix, activity_id, sku_id);
     let mut redis = front.redis.conn();
@@ -103,8 +128,11 @@ pub(super) async fn purchase_token_for(
         .await
     {
         Ok(n) if n > i64::from(max_per_user) => {
-            return HttpResponse::TooManyRequests()
-                .json(json!({"status": "TOO_MANY_TOKENS", "max_per_user": max_per_user}))
+            return Problem {
+                max_per_user: Some(max_per_user),
+                ..Problem::new(ProblemStatus::TooManyTokens)
+            }
+            .answer(HttpResponse::TooManyRequests())
         }
         Ok(_) => {}
         Err(e) => {
@@ -127,8 +155,8 @@ pub(super) async fn purchase_token_for(
     );
     metrics::counter!(crate::telemetry::names::PURCHASE_TOKENS_TOTAL, "outcome" => "issued")
         .increment(1);
-    HttpResponse::Ok().json(json!({
-        "token": token,
-        "expires_at": chrono::DateTime::<Utc>::from_timestamp_millis(expires_at_ms),
-    }))
+    HttpResponse::Ok().json(PurchaseToken {
+        token,
+        expires_at: chrono::DateTime::<Utc>::from_timestamp_millis(expires_at_ms),
+    })
 }

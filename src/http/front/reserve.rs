@@ -4,14 +4,15 @@
 //! first answer. When the broker does not take the message, the reservation is
 //! released (fenced in PostgreSQL first) and its unit given back.
 
-use actix_web::http::header::RETRY_AFTER;
 use actix_web::{web, HttpRequest, HttpResponse};
 use chrono::{DateTime, TimeDelta, Utc};
 use serde::Deserialize;
-use serde_json::json;
 use uuid::Uuid;
 
-use super::answers::{accepted, bad_request, conflict, no_such_sku, unavailable};
+use super::answers::{
+    accepted, bad_request, conflict, no_such_sku, unavailable, unavailable_with, Problem,
+    ProblemStatus, Queued,
+};
 use super::buyer::Buyer;
 use super::purchase_token::check_purchase_token;
 use super::state::FrontStage;
@@ -25,13 +26,18 @@ use crate::redis::scripts::{self, ReserveCall, Reserved};
 use crate::store::reads::SkuInfo;
 use crate::store::reconcile;
 
-#[derive(Debug, Deserialize)]
+/// A reservation request. The buyer is the one the credentials name; a body naming
+/// a `user_id` is refused.
+#[derive(Debug, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
-struct ReserveRequest {
+pub(super) struct ReserveRequest {
+    /// The client's id for this attempt: a retry with the same id gets the first
+    /// answer (not the nil UUID).
     request_id: Uuid,
     /// Refused when present: the buyer is who the credentials say, and a client
     /// still sending it should find out rather than be silently ignored.
     #[serde(default)]
+    #[schema(ignore)]
     user_id: Option<serde_json::Value>,
 }
 
@@ -62,20 +68,48 @@ async fn read_body(front: &FrontStage, payload: web::Payload) -> Result<web::Byt
     match tokio::time::timeout(deadline, payload.to_bytes_limited(MAX_BODY_BYTES)).await {
         Ok(Ok(Ok(body))) => Ok(body),
         Ok(Ok(Err(e))) => Err(bad_request(format!("body: {e}"))),
-        Ok(Err(_)) => Err(HttpResponse::PayloadTooLarge().force_close().json(json!({
-            "status": "INVALID_REQUEST",
-            "error": format!("body: larger than {MAX_BODY_BYTES} bytes"),
-        }))),
-        Err(_) => Err(HttpResponse::RequestTimeout().force_close().json(json!({
-            "status": "INVALID_REQUEST",
-            "error": "body: not received within frontstage.limits.body_read_ms",
-        }))),
+        Ok(Err(_)) => Err(Problem::new(ProblemStatus::InvalidRequest)
+            .error(format!("body: larger than {MAX_BODY_BYTES} bytes"))
+            .answer(HttpResponse::PayloadTooLarge().force_close().take())),
+        Err(_) => Err(Problem::new(ProblemStatus::InvalidRequest)
+            .error("body: not received within frontstage.limits.body_read_ms")
+            .answer(HttpResponse::RequestTimeout().force_close().take())),
     }
 }
 
 /// How long a reservation's publish (and reopening the channel for it) may take.
 const PUBLISH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 
+/// Reserves one unit for the buyer and queues its order.
+#[utoipa::path(
+    post,
+    path = "/v1/activities/{activity_id}/skus/{sku_id}/reservations",
+    tag = "buyer",
+    params(
+        ("activity_id" = i64, Path, minimum = 1, description = "The sale"),
+        ("sku_id" = i64, Path, minimum = 1, description = "The SKU on sale"),
+        ("X-Purchase-Token" = Option<String>, Header, nullable = false,
+            description = "Required when `frontstage.purchase_token.required`: the token \
+                           GET .../purchase-token gave this buyer for this SKU"),
+    ),
+    request_body(content = ReserveRequest, content_type = "application/json"),
+    responses(
+        (status = 202, description = "Reserved and queued; the same answer for every retry of `request_id`", body = Queued),
+        (status = 400, description = "The body is not a reservation request (`INVALID_REQUEST`)", body = Problem),
+        (status = 401, description = "No valid credentials (`UNAUTHORIZED`)", body = Problem,
+            headers(("WWW-Authenticate" = String, description = "`Bearer`, RFC 6750"))),
+        (status = 403, description = "The purchase token is missing or not good for this buyer and SKU (`PURCHASE_TOKEN_INVALID`)", body = Problem),
+        (status = 404, description = "No such activity and SKU (`NOT_FOUND`)", body = Problem),
+        (status = 408, description = "The body did not arrive within `frontstage.limits.body_read_ms` (`INVALID_REQUEST`)", body = Problem),
+        (status = 409, description = "`SALE_CLOSED`, `NOT_ACTIVE`, `SOLD_OUT` or `ALREADY_RESERVED`", body = Problem),
+        (status = 413, description = "The body is larger than 16 KiB (`INVALID_REQUEST`)", body = Problem),
+        (status = 429, description = "Over the per-address or per-user limit (`RATE_LIMITED`)", body = Problem,
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+        (status = 503, description = "Redis, the broker or PostgreSQL is unavailable for now (`UNAVAILABLE`); retry the same `request_id`", body = Problem,
+            headers(("Retry-After" = u64, description = "Seconds to wait"))),
+    ),
+    security(("buyer" = []))
+)]
 pub(super) async fn reserve(
     Buyer(user_id): Buyer,
     front: web::Data<FrontStage>,
@@ -104,10 +138,10 @@ pub(super) async fn reserve(
     };
     let now = Utc::now();
     if sku.closed {
-        return conflict("SALE_CLOSED");
+        return conflict(ProblemStatus::SaleClosed);
     }
     if now < sku.start_at || now >= sku.end_at {
-        return conflict("NOT_ACTIVE");
+        return conflict(ProblemStatus::NotActive);
     }
     let keys = SkuKeys::new(&front.key_prefix, activity_id, sku_id);
     if front.skus.known_sold_out((activity_id, sku_id)) {
@@ -134,21 +168,16 @@ pub(super) async fn reserve(
     let answer = match scripts::reserve(&mut redis, &keys, sku.buckets, &call).await {
         Ok(Reserved::Ok(answer)) => answer,
         Ok(Reserved::Replay(answer)) => return accepted(&answer),
-        Ok(Reserved::Duplicate { .. }) => return conflict("ALREADY_RESERVED"),
+        Ok(Reserved::Duplicate { .. }) => return conflict(ProblemStatus::AlreadyReserved),
         Ok(Reserved::SoldOut) => {
             front.skus.mark_sold_out((activity_id, sku_id));
-            return conflict("SOLD_OUT");
+            return conflict(ProblemStatus::SoldOut);
         }
         Ok(Reserved::Lost) => {
             front
                 .rebuilds
                 .start(activity_id, super::rebuilds::Trigger::LostKeys);
-            return HttpResponse::ServiceUnavailable()
-                .insert_header((RETRY_AFTER, "1"))
-                .json(json!({
-                    "status": "UNAVAILABLE",
-                    "error": "the sale's Redis keys are being rebuilt from PostgreSQL; retry",
-                }));
+            return unavailable("the sale's Redis keys are being rebuilt from PostgreSQL; retry");
         }
         Err(e) => {
             tracing::warn!(error = %e, "Redis reservation failed");
@@ -175,13 +204,12 @@ pub(super) async fn reserve(
             // its TTL. A retry of the same request replays the 202.
             tracing::warn!(error = %e, message_id = %msg.message_id, %reservation_id, order_id, "order message sent but not confirmed; the reservation is kept for reconciliation");
             mark_queued(&front, &msg, ttl_ms).await;
-            HttpResponse::ServiceUnavailable()
-                .insert_header((RETRY_AFTER, "1"))
-                .json(json!({
-                    "status": "UNAVAILABLE",
-                    "error": "the order queue did not confirm; retry the same request_id to learn the outcome",
-                    "reservation_id": reservation_id,
-                }))
+            unavailable_with(Problem {
+                reservation_id: Some(reservation_id),
+                ..Problem::new(ProblemStatus::Unavailable).error(
+                    "the order queue did not confirm; retry the same request_id to learn the outcome",
+                )
+            })
         }
         Err(Published::NotQueued(e)) => {
             tracing::warn!(error = %e, message_id = %msg.message_id, %reservation_id, order_id, "order message not accepted by the broker; releasing the reservation");
@@ -209,7 +237,7 @@ async fn replay_or_sold_out(
         Ok(Some(answer)) => accepted(&answer),
         Ok(None) => {
             metrics::counter!(crate::telemetry::names::SOLD_OUT_FROM_MEMORY_TOTAL).increment(1);
-            conflict("SOLD_OUT")
+            conflict(ProblemStatus::SoldOut)
         }
         Err(e) => {
             tracing::warn!(error = %e, "Redis replay read failed");
