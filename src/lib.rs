@@ -24,6 +24,8 @@
 //!   `actors::intake`); [`mq`]: AMQP; [`redis`]: every
 //!   Redis command (the reserve script, which decides a reservation's bucket, in
 //!   `redis::scripts`).
+//! - [`contracts`]: the AsyncAPI document and JSON Schemas of the messages,
+//!   generated from the types sent (docs/contracts/).
 //! - [`status`]: the live state the parts share; [`telemetry`]: logs and metrics.
 //! - [`config`]: the settings tree, each section validated next to its definition;
 //!   [`tls`]: the one TLS stack; [`failpoints`]: the fault suite's crash points.
@@ -40,6 +42,7 @@ pub const VERSION: &str = concat!(
 pub mod actors;
 pub mod cli;
 pub mod config;
+pub mod contracts;
 pub mod cores;
 pub mod domain;
 pub mod drift;

@@ -5,7 +5,7 @@
 //! copy is regenerated (`SECKILL_BLESS=1 cargo test --test contracts`) and
 //! reviewed with the change.
 //!
-//! Pure generation: no services needed.
+//! Pure generation and validation: no services needed.
 
 use std::path::Path;
 
@@ -49,4 +49,172 @@ fn the_admin_openapi_document_is_the_generated_one() {
         "admin.openapi.json",
         &seckill_engine::http::admin::openapi_document(),
     );
+}
+
+#[test]
+fn the_asyncapi_document_and_message_schemas_are_the_generated_ones() {
+    check(
+        "asyncapi.json",
+        &seckill_engine::contracts::asyncapi_document(),
+    );
+    for m in seckill_engine::contracts::message_schemas() {
+        let mut text = serde_json::to_string_pretty(&m.schema).unwrap();
+        text.push('\n');
+        check(&format!("schemas/{}", m.file), &text);
+    }
+}
+
+/// A body the intake is given, what the schema says of it, and what the intake
+/// does: the two agree, except where a rule is beyond what JSON Schema states
+/// (listed, and said in the schema's description).
+struct Fixture {
+    what: &'static str,
+    body: serde_json::Value,
+    /// Beyond the schema: it passes the schema and the intake refuses it.
+    semantic: bool,
+}
+
+fn order_fixtures() -> Vec<Fixture> {
+    use seckill_engine::domain::message::OrderCreateMessage;
+    let now = chrono::Utc::now();
+    let good = serde_json::to_value(OrderCreateMessage::pre_reserved(
+        7_000_001,
+        (1, 2, 3),
+        4,
+        now,
+        now + chrono::TimeDelta::minutes(15),
+    ))
+    .unwrap();
+    let with = |what: &'static str, semantic: bool, f: &dyn Fn(&mut serde_json::Value)| {
+        let mut body = good.clone();
+        f(&mut body);
+        Fixture {
+            what,
+            body,
+            semantic,
+        }
+    };
+    use serde_json::json;
+    vec![
+        with("as the front stage sends it", false, &|_| {}),
+        with(
+            "without schema_version (a version 1 producer)",
+            false,
+            &|b| {
+                b.as_object_mut().unwrap().remove("schema_version");
+            },
+        ),
+        with("schema_version 2", false, &|b| {
+            b["schema_version"] = json!(2)
+        }),
+        with("an unknown field", false, &|b| b["coupon"] = json!("X")),
+        with("no message_id", false, &|b| {
+            b.as_object_mut().unwrap().remove("message_id");
+        }),
+        with("order_id as a string", false, &|b| {
+            b["order_id"] = json!("7000001")
+        }),
+        with("user_id 0", false, &|b| b["user_id"] = json!(0)),
+        with("bucket 256", false, &|b| b["inventory_bucket"] = json!(256)),
+        with("bucket -1", false, &|b| b["inventory_bucket"] = json!(-1)),
+        with("a negative price", false, &|b| b["unit_price"] = json!(-1)),
+        with("currency cny", false, &|b| b["currency"] = json!("cny")),
+        with("an order_no of 41 characters", false, &|b| {
+            b["order_no"] = json!("x".repeat(41))
+        }),
+        with("reserved_at not a time", false, &|b| {
+            b["reserved_at"] = json!("yesterday")
+        }),
+        with("ttl 0", false, &|b| b["reservation_ttl_ms"] = json!(0)),
+        with("the nil message_id", true, &|b| {
+            b["message_id"] = json!(uuid::Uuid::nil())
+        }),
+        with("order_expire_at before reserved_at", true, &|b| {
+            b["order_expire_at"] = json!(now - chrono::TimeDelta::minutes(1))
+        }),
+    ]
+}
+
+fn payment_fixtures() -> Vec<Fixture> {
+    use serde_json::json;
+    let good = json!({
+        "schema_version": 1,
+        "payment_id": uuid::Uuid::now_v7(),
+        "payment_request_id": uuid::Uuid::now_v7(),
+        "order_id": 7_000_001,
+        "provider": "alipay",
+        "provider_trade_no": "T-1",
+        "callback_id": "cb-1",
+        "amount": 9900,
+        "currency": "CNY",
+        "paid_at": chrono::Utc::now(),
+        "raw": {"anything": ["the provider sent"]},
+    });
+    let with = |what: &'static str, semantic: bool, f: &dyn Fn(&mut serde_json::Value)| {
+        let mut body = good.clone();
+        f(&mut body);
+        Fixture {
+            what,
+            body,
+            semantic,
+        }
+    };
+    vec![
+        with("as a provider sends it", false, &|_| {}),
+        with("without raw", false, &|b| {
+            b.as_object_mut().unwrap().remove("raw");
+        }),
+        with("schema_version 2", false, &|b| {
+            b["schema_version"] = json!(2)
+        }),
+        with("an unknown field", false, &|b| b["tip"] = json!(1)),
+        with("no callback_id", false, &|b| {
+            b.as_object_mut().unwrap().remove("callback_id");
+        }),
+        with("an empty provider", false, &|b| b["provider"] = json!("")),
+        with("a negative amount", false, &|b| b["amount"] = json!(-5)),
+        with("order_id 0", false, &|b| b["order_id"] = json!(0)),
+        with("the nil payment_id", true, &|b| {
+            b["payment_id"] = json!(uuid::Uuid::nil())
+        }),
+    ]
+}
+
+/// Every fixture the intake accepts matches the schema, and every one it refuses
+/// for its shape, type, range or version is refused by the schema too; the rules
+/// beyond the schema are the listed ones.
+#[test]
+fn the_schemas_accept_what_the_intake_accepts_and_refuse_what_it_refuses() {
+    use seckill_engine::domain::message::OrderCreateMessage;
+    use seckill_engine::domain::payment::PaymentCallback;
+    let validators = seckill_testkit::contracts::validators();
+    type Decodes = fn(&[u8]) -> bool;
+    let cases: [(&str, Vec<Fixture>, Decodes); 2] = [
+        ("order.create", order_fixtures(), |b| {
+            OrderCreateMessage::decode(b).is_ok()
+        }),
+        ("payment.callback", payment_fixtures(), |b| {
+            PaymentCallback::decode(b).is_ok()
+        }),
+    ];
+    for (name, fixtures, decodes) in cases {
+        let schema = &validators[name];
+        for f in fixtures {
+            let valid = schema.is_valid(&f.body);
+            let accepted = decodes(&serde_json::to_vec(&f.body).unwrap());
+            if f.semantic {
+                assert!(
+                    valid && !accepted,
+                    "{name}, {}: beyond the schema (schema {valid}, intake {accepted})",
+                    f.what
+                );
+            } else {
+                assert_eq!(
+                    valid, accepted,
+                    "{name}, {}: the schema says {valid}, the intake {accepted}",
+                    f.what
+                );
+            }
+        }
+    }
 }

@@ -644,6 +644,7 @@ const ALLOWED_IMPORTS: &[(&str, &[&str])] = &[
         ],
     ),
     ("config", &["domain", "tls"]),
+    ("contracts", &["domain", "mq"]),
     ("cores", &[]),
     ("domain", &[]),
     ("drift", &["redis", "store"]),

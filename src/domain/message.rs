@@ -23,27 +23,43 @@ pub(crate) fn version_one() -> u16 {
     SCHEMA_VERSION
 }
 
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+/// `order.create`: a reservation Redis made, for the engine to turn into an order
+/// (the §9 transaction). Published by the front stage to `{ns}.order.create.{shard}`
+/// with the message id as the AMQP `message_id`; ids must not be the nil UUID, and
+/// `order_expire_at` is after `reserved_at` (checks beyond this schema).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct OrderCreateMessage {
     /// The contract's major version (`SCHEMA_VERSION`); absent means 1.
     #[serde(default = "version_one")]
+    #[schema(minimum = 1, maximum = 1)]
     pub schema_version: u16,
+    /// The inbox key: one business effect per message id.
     pub message_id: Uuid,
     pub request_id: Uuid,
     pub reservation_id: Uuid,
     /// Time-ordered id chosen by the front stage.
+    #[schema(minimum = 1)]
     pub order_id: i64,
+    #[schema(min_length = 1, max_length = 40, pattern = r"\S")]
     pub order_no: String,
+    #[schema(minimum = 1)]
     pub activity_id: i64,
+    #[schema(minimum = 1)]
     pub sku_id: i64,
+    #[schema(minimum = 1)]
     pub user_id: i64,
     /// The bucket the Redis reservation decremented; never changed later (§6.3).
+    #[schema(minimum = 0, maximum = 255)]
     pub inventory_bucket: i16,
     /// Minor units (cents, fen).
+    #[schema(minimum = 0)]
     pub unit_price: i64,
+    /// ISO 4217.
+    #[schema(pattern = "^[A-Z]{3}$")]
     pub currency: String,
     pub reserved_at: DateTime<Utc>,
+    #[schema(minimum = 1)]
     pub reservation_ttl_ms: i64,
     pub order_expire_at: DateTime<Utc>,
 }

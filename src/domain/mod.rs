@@ -2,6 +2,7 @@
 //! outcomes of an order attempt and how each is acknowledged. No I/O lives here.
 
 pub mod backoff;
+pub mod events;
 pub mod ids;
 pub mod lsn;
 pub(crate) mod mac;

@@ -7,20 +7,32 @@ use uuid::Uuid;
 
 use super::message::{json_reason_of, supported, version_one, PoisonReason, MAX_BODY_BYTES};
 
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+/// `payment.callback`: the payment system says a payment succeeded. Published to
+/// `{ns}.payment.callback`; the same (provider, callback_id) is applied once however
+/// often it is repeated. Ids must not be the nil UUID (a check beyond this schema).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(deny_unknown_fields)]
 pub struct PaymentCallback {
     /// The contract's major version (`message::SCHEMA_VERSION`); absent means 1.
     #[serde(default = "version_one")]
+    #[schema(minimum = 1, maximum = 1)]
     pub schema_version: u16,
     pub payment_id: Uuid,
     pub payment_request_id: Uuid,
+    #[schema(minimum = 1)]
     pub order_id: i64,
+    #[schema(min_length = 1, max_length = 32)]
     pub provider: String,
+    #[schema(min_length = 1, max_length = 128)]
     pub provider_trade_no: String,
+    /// The provider's id of this callback: with `provider`, the inbox key.
+    #[schema(min_length = 1, max_length = 128)]
     pub callback_id: String,
     /// Minor units.
+    #[schema(minimum = 0)]
     pub amount: i64,
+    /// ISO 4217.
+    #[schema(pattern = "^[A-Z]{3}$")]
     pub currency: String,
     pub paid_at: DateTime<Utc>,
     /// The provider's original payload, kept for audits (never logged).

@@ -216,9 +216,7 @@ impl Inner {
                         &names.events_exchange(),
                         "payment.refund_requested",
                         &body,
-                        BasicProperties::default()
-                            .with_message_id(task.task_id.to_string().as_str().into())
-                            .with_content_type("application/json".into()),
+                        refund_request_properties(task.task_id),
                     )
                     .await?;
                 Ok(true)
@@ -245,4 +243,25 @@ impl Inner {
             retry_count,
         )
     }
+}
+
+/// A refund request's properties: the task id as the message id (the payment
+/// system dedups by it), and its type and payload version as every event has
+/// (docs/contracts/asyncapi.json).
+fn refund_request_properties(task_id: uuid::Uuid) -> BasicProperties {
+    use lapin::types::{AMQPValue, FieldTable, LongString};
+    let mut headers = FieldTable::default();
+    headers.insert(
+        "x-event-type".into(),
+        AMQPValue::LongString(LongString::from(&b"PAYMENT_REFUND_REQUESTED"[..])),
+    );
+    headers.insert(
+        "x-schema-version".into(),
+        AMQPValue::LongInt(crate::domain::events::EVENT_SCHEMA_VERSION),
+    );
+    BasicProperties::default()
+        .with_message_id(task_id.to_string().as_str().into())
+        .with_content_type("application/json".into())
+        .with_type("PAYMENT_REFUND_REQUESTED".into())
+        .with_headers(headers)
 }

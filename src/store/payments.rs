@@ -11,6 +11,7 @@ use super::compensation::{insert_task, NewTask};
 use super::outbox::{event_payload, insert_event, Event};
 use super::tx::commit;
 use super::{PgConn, StatementCache, StoreError, Warnings};
+use crate::domain::events::{OrderPaid, RefundRequired};
 use crate::domain::payment::{PaymentCallback, PaymentResult};
 use crate::domain::status::{CompensationType, OrderStatus, PaymentStatus};
 use tokio_postgres::{Row, Transaction};
@@ -162,15 +163,15 @@ fn order_paid_event(cb: &PaymentCallback, paid: &Row) -> Result<Event, StoreErro
         aggregate_id: cb.order_id.to_string(),
         tag: "ORDER_PAID",
         message_key: cb.order_id.to_string(),
-        payload: event_payload(&json!({
-            "order_id": cb.order_id,
-            "reservation_id": paid.get::<_, Uuid>(0),
-            "user_id": paid.get::<_, i64>(1),
-            "payment_id": cb.payment_id,
-            "amount": cb.amount,
-            "currency": cb.currency,
-            "paid_at": cb.paid_at,
-        }))?,
+        payload: event_payload(&OrderPaid {
+            order_id: cb.order_id,
+            reservation_id: paid.get::<_, Uuid>(0),
+            user_id: paid.get::<_, i64>(1),
+            payment_id: cb.payment_id,
+            amount: cb.amount,
+            currency: &cb.currency,
+            paid_at: cb.paid_at,
+        })?,
     })
 }
 
@@ -245,15 +246,15 @@ async fn refund(
     cb: &PaymentCallback,
     reason: &str,
 ) -> Result<(), StoreError> {
-    let payload = json!({
-        "order_id": cb.order_id,
-        "payment_id": cb.payment_id,
-        "payment_request_id": cb.payment_request_id,
-        "provider": cb.provider,
-        "provider_trade_no": cb.provider_trade_no,
-        "amount": cb.amount,
-        "currency": cb.currency,
-        "reason": reason,
+    let payload = json!(RefundRequired {
+        order_id: cb.order_id,
+        payment_id: cb.payment_id,
+        payment_request_id: cb.payment_request_id,
+        provider: &cb.provider,
+        provider_trade_no: &cb.provider_trade_no,
+        amount: cb.amount,
+        currency: &cb.currency,
+        reason,
     });
     insert_task(
         tx,

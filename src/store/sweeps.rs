@@ -12,6 +12,7 @@ use super::compensation::{insert_task, NewTask};
 use super::outbox::{event_payload, insert_event, Event};
 use super::tx::commit;
 use super::{PgConn, StatementCache, StoreError};
+use crate::domain::events::OrderCancelled;
 use crate::domain::status::{CompensationType, LedgerType, ReservationStatus};
 
 /// An order this sweeper cancelled.
@@ -200,15 +201,15 @@ async fn queue_give_back(
     order: &CancelledOrder,
 ) -> Result<(), StoreError> {
     let (order_id, reservation_id) = (order.order_id, order.reservation_id);
-    let payload = json!({
-        "order_id": order_id,
-        "reservation_id": reservation_id,
-        "activity_id": order.activity_id,
-        "sku_id": order.sku_id,
-        "user_id": order.user_id,
-        "inventory_bucket": order.bucket,
-        "quantity": order.quantity,
-        "reason": "PAY_TIMEOUT",
+    let payload = json!(OrderCancelled {
+        order_id,
+        reservation_id,
+        activity_id: order.activity_id,
+        sku_id: order.sku_id,
+        user_id: order.user_id,
+        inventory_bucket: order.bucket,
+        quantity: order.quantity,
+        reason: "PAY_TIMEOUT",
     });
     insert_event(
         tx,

@@ -202,6 +202,11 @@ async fn payment_and_timeout_cancel_never_both_win() {
         paid
     );
     assert_invariants(&db).await;
+    // Every event of the race (created, paid, cancelled, refunds) matches its schema.
+    let seen = crate::common::contracts::assert_events_match_contracts(&db).await;
+    for name in ["order.created", "order.paid"] {
+        assert!(seen.contains(name), "no {name} event: {seen:?}");
+    }
     env.cleanup().await;
 }
 
@@ -568,6 +573,12 @@ async fn the_sweeper_returns_expired_stock_and_redis_gets_each_unit_back_once() 
         20
     );
     assert_invariants(&db).await;
+    // The sweeper's cancellations match the `order.cancelled` schema.
+    let seen = crate::common::contracts::assert_events_match_contracts(&db).await;
+    assert!(
+        seen.contains("order.cancelled"),
+        "no order.cancelled event: {seen:?}"
+    );
     env.cleanup().await;
 }
 

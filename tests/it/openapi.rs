@@ -166,3 +166,92 @@ fn tempfile_dir() -> std::path::PathBuf {
     std::fs::create_dir_all(&dir).unwrap();
     dir
 }
+
+/// What the front stage publishes matches the `order.create` schema of
+/// docs/contracts/ (asyncapi.json), headers included, on the queue the shard
+/// function names.
+#[actix_rt::test]
+async fn the_front_stage_publishes_order_create_messages_as_the_asyncapi_document_says() {
+    use futures_util::StreamExt;
+    use lapin::options::BasicConsumeOptions;
+    let env = TestEnv::with(|f| {
+        f.merge(Serialized::default(
+            "amqp.order_signing_secret",
+            "a-signing-secret-long-enough-for-the-test",
+        ))
+    })
+    .await;
+    let mut db = env.db().await;
+    builders::activity(&mut db, 82, 1, 5, 1).await;
+    let keys = seckill_engine::redis::keys::SkuKeys::new(&env.settings.redis.key_prefix, 82, 1);
+    seckill_engine::redis::load_stock(
+        &mut env.redis().await,
+        &keys,
+        &[5],
+        crate::common::sale_end(),
+    )
+    .await
+    .unwrap();
+    // No engine: the message stays on its queue to be read here.
+    let amqp = env.amqp().await;
+    let channel = amqp.create_channel().await.unwrap();
+    seckill_engine::mq::topology::declare_topology(&channel, &env.settings.amqp)
+        .await
+        .unwrap();
+    let ids = std::sync::Arc::new(seckill_engine::domain::ids::IdGenerator::new(1082));
+    let (front, handle) = Front::serve(&env.settings, ids, Default::default()).await;
+    let (status, queued) = front.reserve(82, 7, uuid::Uuid::now_v7()).await;
+    assert_eq!(status, 202, "{queued}");
+    let shard = seckill_engine::domain::shard::shard_for(82, 1, 0, env.settings.amqp.shards);
+    let queue = env.names.order_queue(shard);
+    // A consumer, not basic.get: shard queues have a single active consumer.
+    let mut consumer = channel
+        .basic_consume(
+            queue.as_str().into(),
+            "contract-test".into(),
+            BasicConsumeOptions::default(),
+            Default::default(),
+        )
+        .await
+        .unwrap();
+    let delivery = tokio::time::timeout(crate::common::HANG, consumer.next())
+        .await
+        .expect("the order message is on the queue the shard function names")
+        .expect("a delivery")
+        .unwrap();
+    let body: serde_json::Value = serde_json::from_slice(&delivery.data).unwrap();
+    crate::common::contracts::assert_valid("order.create", &body);
+    assert_eq!(body["order_id"], queued["order_id"]);
+    // Its headers as the document states them: the signature and the publish time.
+    let document: serde_json::Value =
+        serde_json::from_str(&seckill_engine::contracts::asyncapi_document()).unwrap();
+    let header_schema = &document["components"]["messages"]["order_create"]["headers"];
+    let headers = delivery.properties.headers().clone().unwrap_or_default();
+    let as_json: serde_json::Map<String, serde_json::Value> = headers
+        .inner()
+        .iter()
+        .map(|(k, v)| {
+            let v = match v {
+                lapin::types::AMQPValue::LongString(s) => {
+                    serde_json::json!(String::from_utf8_lossy(s.as_bytes()))
+                }
+                lapin::types::AMQPValue::LongLongInt(n) => serde_json::json!(n),
+                lapin::types::AMQPValue::LongInt(n) => serde_json::json!(n),
+                other => serde_json::json!(format!("{other:?}")),
+            };
+            (k.to_string(), v)
+        })
+        .collect();
+    assert!(
+        as_json.contains_key(seckill_engine::domain::signature::SIGNATURE_HEADER),
+        "signed: {as_json:?}"
+    );
+    let validator = jsonschema::validator_for(header_schema).unwrap();
+    let headers = serde_json::Value::Object(as_json);
+    assert!(
+        validator.is_valid(&headers),
+        "headers {headers:#} do not match {header_schema:#}"
+    );
+    handle.stop(true).await;
+    env.cleanup().await;
+}

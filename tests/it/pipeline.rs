@@ -143,6 +143,11 @@ pub(crate) async fn one_unit_among_a_thousand_buyers(env: TestEnv) {
     assert_eq!(row.get::<_, i32>(1), 0);
     // The sold-out path removed its provisional orders: one order row in all.
     assert_eq!(count(&db, "SELECT count(*) FROM orders").await, 1);
+    // The order's event and the 999 give-backs' events match their schemas.
+    let seen = crate::common::contracts::assert_events_match_contracts(&db).await;
+    for name in ["order.created", "inventory.release_requested"] {
+        assert!(seen.contains(name), "no {name} event: {seen:?}");
+    }
     finish(env, &db).await;
 }
 

@@ -7,6 +7,7 @@
 //! conditions with their budgets (`wait`).
 
 pub mod builders;
+pub mod contracts;
 pub mod engine;
 pub mod process;
 mod sale;

@@ -1,7 +1,6 @@
 //! The steps the order paths share: the reservation's verdict, an order insert that
 //! conflicted explained, rejections and give-backs, the order-created event.
 
-use serde::Serialize;
 use serde_json::json;
 use tokio_postgres::Transaction;
 use uuid::Uuid;
@@ -9,6 +8,7 @@ use uuid::Uuid;
 use super::sql::{
     FIND_SAME_REQUEST_ORDER, FIND_USER_ORDER, MARK_RESERVATION_ORDERED, REJECT_RESERVATION,
 };
+use crate::domain::events::{InventoryReleaseRequested, OrderCreated};
 use crate::domain::message::OrderCreateMessage;
 use crate::domain::outcome::ResultCode;
 use crate::domain::status::{CompensationType, OrderStatus, ReservationStatus};
@@ -189,15 +189,15 @@ pub(super) fn release(
 }
 
 pub(super) fn release_payload(msg: &OrderCreateMessage, code: ResultCode) -> serde_json::Value {
-    json!({
-        "reservation_id": msg.reservation_id,
-        "request_id": msg.request_id,
-        "activity_id": msg.activity_id,
-        "sku_id": msg.sku_id,
-        "user_id": msg.user_id,
-        "inventory_bucket": msg.inventory_bucket,
-        "quantity": 1,
-        "reason": code.as_str(),
+    json!(InventoryReleaseRequested {
+        reservation_id: msg.reservation_id,
+        request_id: msg.request_id,
+        activity_id: msg.activity_id,
+        sku_id: msg.sku_id,
+        user_id: msg.user_id,
+        inventory_bucket: msg.inventory_bucket,
+        quantity: 1,
+        reason: code.as_str(),
     })
 }
 
@@ -224,22 +224,4 @@ pub(super) fn order_created_event(msg: &OrderCreateMessage) -> Result<Event, Sto
             expire_at: msg.order_expire_at,
         })?,
     })
-}
-
-/// The `ORDER_CREATED` event's payload.
-#[derive(Serialize)]
-pub(super) struct OrderCreated<'m> {
-    pub(super) order_id: i64,
-    pub(super) order_no: &'m str,
-    pub(super) reservation_id: Uuid,
-    pub(super) request_id: Uuid,
-    pub(super) activity_id: i64,
-    pub(super) sku_id: i64,
-    pub(super) user_id: i64,
-    pub(super) inventory_bucket: i16,
-    pub(super) unit_price: i64,
-    pub(super) total_amount: i64,
-    pub(super) currency: &'m str,
-    pub(super) status: &'static str,
-    pub(super) expire_at: chrono::DateTime<chrono::Utc>,
 }
