@@ -218,3 +218,24 @@ fn the_schemas_accept_what_the_intake_accepts_and_refuse_what_it_refuses() {
         }
     }
 }
+
+/// The AsyncAPI document is a valid AsyncAPI 3.0.0 document: checked against the
+/// specification's own JSON Schema (tests/data/asyncapi-3.0.0.schema.json, from
+/// the npm package @asyncapi/specs 6.11.1, Apache-2.0, `3.0.0-without-$id.json`).
+#[test]
+fn the_asyncapi_document_is_valid_asyncapi_3() {
+    let spec: serde_json::Value =
+        serde_json::from_str(include_str!("data/asyncapi-3.0.0.schema.json")).unwrap();
+    let validator = jsonschema::validator_for(&spec).unwrap();
+    let document: serde_json::Value =
+        serde_json::from_str(&seckill_engine::contracts::asyncapi_document()).unwrap();
+    let errors: Vec<String> = validator
+        .iter_errors(&document)
+        .map(|e| format!("{} at {}", e, e.instance_path()))
+        .collect();
+    assert!(errors.is_empty(), "not valid AsyncAPI 3.0.0: {errors:#?}");
+    // The validator does refuse a document that is not one.
+    let mut broken = document.clone();
+    broken["operations"]["consumeOrders"]["action"] = serde_json::json!("consume");
+    assert!(!validator.is_valid(&broken));
+}
