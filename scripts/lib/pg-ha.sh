@@ -119,6 +119,11 @@ wal_keep_size = 512MB
 synchronous_standby_names = $sync
 synchronous_commit = on
 archive_mode = on
+# A segment is archived at most a minute after it was begun, even when it is not
+# full: without it an idle or slow primary keeps its last commits out of the
+# archive indefinitely, and a restore after losing its disk would miss them (the
+# restore drill reports that RPO). Each forced switch archives a whole 16 MB segment.
+archive_timeout = 60s
 archive_command = 'test ! -f $HA_DIR/archive/%f && cp %p $HA_DIR/archive/%f'
 restore_command = 'cp $HA_DIR/archive/%f %p'
 EOF

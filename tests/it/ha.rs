@@ -707,6 +707,8 @@ async fn a_restore_to_a_noted_time_holds_what_was_committed_before_it() {
         .expect("the drill reports the restored orders");
     assert_eq!(orders, "2000", "{drill}");
     assert!(drill.contains("RTO:") && drill.contains("RPO:"), "{drill}");
+    // And the RPO it would have had without its own WAL switch (issue 51).
+    assert!(drill.contains("RPO without the switch:"), "{drill}");
     assert!(drill.contains("drill:    passed"), "{drill}");
     env.cleanup().await;
 }
