@@ -240,6 +240,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
             );
         }
     }
+    refuse_a_run_the_limits_would_stop(settings, &args)?;
     let activity_id = args
         .activity
         .unwrap_or_else(|| Utc::now().timestamp_millis());
@@ -292,6 +293,9 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
     let keys = SkuKeys::new(&settings.redis.key_prefix, activity_id, 1);
     let mut redis = seckill_engine::redis::connect(&settings.redis).await?;
     seckill_engine::redis::load_stock(&mut redis, &keys, &split, spec.ends_at).await?;
+    // From here the sale exists: a run that fails closes it, so no live sale is
+    // left behind selling to nobody (issue 51).
+    let outcome: anyhow::Result<Report> = async {
     println!(
         "bench: activity {activity_id}, stock {} over {} buckets, {} buyers, {:.0}% duplicates, mode {:?}, concurrency {}",
         args.stock, args.buckets, args.buyers, args.duplicate_ratio * 100.0, args.mode, args.concurrency
@@ -338,10 +342,19 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
     spinner.set_style(bar_style("settling"));
     let deadline = Instant::now() + Duration::from_secs(args.settle_timeout);
     loop {
-        let row = db
-            .query_one(SETTLED, &[&activity_id])
-            .await
-            .context("counting settled reservations")?;
+        let row = match db.query_one(SETTLED, &[&activity_id]).await {
+            Ok(row) => row,
+            // The bench's own session broke (a fail-over, a restart): the engine
+            // rides through it, and so does the count, on a new session.
+            Err(e) if db.is_closed() => {
+                spinner.println(format!(
+                    "bench: the database session broke ({e}); reconnecting"
+                ));
+                db = reconnect(&config, deadline).await?;
+                continue;
+            }
+            Err(e) => return Err(e).context("counting settled reservations"),
+        };
         let (settled, pending): (i64, i64) = (row.get(0), row.get(1));
         spinner.set_position(settled.max(0) as u64);
         if settled as u64 >= expected && pending == 0 {
@@ -358,6 +371,31 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
     }
     spinner.finish_and_clear();
     let settle_seconds = started.elapsed().as_secs_f64();
+    if args.mode == Mode::Amqp {
+        // The amqp mode publishes orders straight to the queues: no unit was taken
+        // from Redis, yet the engine's give-backs of rejected reservations return
+        // theirs. Once they are done, the sale's keys are set to PostgreSQL's
+        // figures, so `check --redis` reads the run clean (issue 51).
+        loop {
+            let left: i64 = db.query_one(GIVE_BACKS_LEFT, &[&activity_id]).await?.get(0);
+            if left == 0 {
+                break;
+            }
+            if Instant::now() > deadline {
+                bail!("{left} Redis give-backs still pending after {}s", args.settle_timeout);
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        seckill_engine::rebuild::rebuild_activity(
+            &db,
+            &mut redis,
+            &settings.redis.key_prefix,
+            activity_id,
+        )
+        .await
+        .context("setting the sale's Redis keys to PostgreSQL's figures")?;
+        println!("bench: amqp mode took no unit from Redis; the sale's Redis keys now hold PostgreSQL's figures");
+    }
     let crowd = match crowd {
         Some(crowd) => Some(crowd.finish().await),
         None => None,
@@ -480,7 +518,72 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
         std::fs::write(path, serde_json::to_vec_pretty(&report)?)
             .with_context(|| format!("writing {}", path.display()))?;
     }
-    Ok(report)
+        Ok(report)
+    }
+    .await;
+    if let Err(e) = &outcome {
+        match close_after_abort(&config, activity_id).await {
+            Ok(()) => println!("bench: aborted ({e:#}); activity {activity_id} closed"),
+            Err(close) => println!(
+                "bench: aborted ({e:#}); activity {activity_id} could not be closed ({close:#}): \
+                 close it with `seckill-engine activity close --activity {activity_id}`"
+            ),
+        }
+    }
+    outcome
+}
+
+/// A new session, retried until `deadline` (a promoted standby takes a few seconds
+/// to accept writes; `database.url` names every server).
+async fn reconnect(
+    config: &store::PgTarget,
+    deadline: Instant,
+) -> anyhow::Result<tokio_postgres::Client> {
+    loop {
+        match store::connect(config).await {
+            Ok(db) => return Ok(db),
+            Err(e) if Instant::now() > deadline => {
+                return Err(e).context("reconnecting to PostgreSQL")
+            }
+            Err(_) => tokio::time::sleep(Duration::from_millis(250)).await,
+        }
+    }
+}
+
+/// Closes the bench's sale after an aborted run, on a connection of its own (the
+/// run's may be the reason it aborted).
+async fn close_after_abort(config: &store::PgTarget, activity_id: i64) -> anyhow::Result<()> {
+    let db = store::connect(config).await?;
+    seckill_engine::store::activity::close_activity(&db, activity_id).await?;
+    Ok(())
+}
+
+/// Refuses, before anything is created, an HTTP run the engine's own rate limits
+/// would stop: the bench's buyers all come from this host's one address, so the
+/// per-address limit (read from the same configuration as the engine's) refuses
+/// them after its burst.
+fn refuse_a_run_the_limits_would_stop(settings: &Settings, args: &BenchArgs) -> anyhow::Result<()> {
+    let limits = &settings.frontstage.rate_limit;
+    if args.mode != Mode::Http || limits.per_address_per_s == 0 {
+        return Ok(());
+    }
+    let requests = (f64::from(args.buyers) * (1.0 + args.duplicate_ratio)).ceil() as u64;
+    let within = u64::from(limits.per_address_burst);
+    let paced = args
+        .rate
+        .is_some_and(|rate| rate > 0 && rate <= limits.per_address_per_s);
+    if requests > within && !paced {
+        bail!(
+            "the engine's per-address limit (frontstage.rate_limit.per_address_per_s = {}, burst {}) would refuse \
+             this run: its {requests} requests all come from one address. For a load test set \
+             SECKILL__FRONTSTAGE__RATE_LIMIT__PER_ADDRESS_PER_S=0 for the engine and the bench, or pace the \
+             run with --rate {} or less",
+            limits.per_address_per_s,
+            limits.per_address_burst,
+            limits.per_address_per_s
+        );
+    }
+    Ok(())
 }
 
 /// The labels of one of the intake's series for a queue kind (`IntakeWork::KIND`),
@@ -1152,6 +1255,13 @@ fn print_report(r: &Report) {
 }
 
 /// Reservations with an outcome, and reservations still pending in PostgreSQL.
+/// The Redis give-backs of the run's reservations not yet done (pending, running
+/// or waiting to retry).
+const GIVE_BACKS_LEFT: &str = "
+SELECT count(*) FROM compensation_task t
+JOIN inventory_reservation r ON r.reservation_id = t.reservation_id
+WHERE t.task_type = 10 AND t.status IN (0, 10, 30) AND r.activity_id = $1";
+
 const SETTLED: &str = "
 SELECT count(*) FILTER (WHERE status <> 0), count(*) FILTER (WHERE status = 0)
 FROM inventory_reservation WHERE activity_id = $1";

@@ -49,6 +49,9 @@ async fn bench_sells_out_through_both_paths_with_clean_invariants() {
     for (mode, activity) in [("http", "61"), ("amqp", "62")] {
         let json = dir.join(format!("{mode}.json"));
         let mut cmd = bench_cmd();
+        // The bench reads the engine's configuration: with the limit on it would
+        // refuse the run, naming the setting.
+        cmd.env("SECKILL__FRONTSTAGE__RATE_LIMIT__PER_ADDRESS_PER_S", "0");
         env_of(&mut cmd, &env).args([
             "--mode",
             mode,
@@ -97,6 +100,52 @@ async fn bench_sells_out_through_both_paths_with_clean_invariants() {
             "{mode}: {report}"
         );
     }
+    // The amqp run took no unit from Redis; the bench set the sale's keys to
+    // PostgreSQL's figures after it, so `check --redis` reads it clean.
+    let mut check = common::process::engine();
+    env_of(&mut check, &env).args(["check", "--activity", "62", "--redis"]);
+    let checked = tokio::task::spawn_blocking(move || run(&mut check))
+        .await
+        .unwrap();
+    assert!(
+        checked.ok,
+        "check --redis after the amqp run: {}",
+        checked.text
+    );
+    // With the per-address limit on, as the engine's configuration has it by
+    // default, an HTTP run is refused before it creates anything, naming the key.
+    let mut limited = bench_cmd();
+    env_of(&mut limited, &env).args([
+        "--mode",
+        "http",
+        "--activity",
+        "63",
+        "--buyers",
+        "5000",
+        "--url",
+    ]);
+    limited.arg(format!("http://{}", running.addr));
+    let refused = tokio::task::spawn_blocking(move || run(&mut limited))
+        .await
+        .unwrap();
+    assert!(!refused.ok, "{}", refused.text);
+    assert!(
+        refused
+            .text
+            .contains("frontstage.rate_limit.per_address_per_s"),
+        "{}",
+        refused.text
+    );
+    let db = env.db().await;
+    assert_eq!(
+        common::count(
+            &db,
+            "SELECT count(*) FROM seckill_activity WHERE activity_id = 63"
+        )
+        .await,
+        0,
+        "nothing created"
+    );
     handle.stop(true).await;
     running_engine.stop().await;
     std::fs::remove_dir_all(dir).unwrap();

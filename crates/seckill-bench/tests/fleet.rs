@@ -97,6 +97,7 @@ fn sale(
 ) -> (Command, std::path::PathBuf) {
     let json = std::env::temp_dir().join(format!("seckill-fleet-{}.json", uuid::Uuid::new_v4()));
     let mut bench = bench_cmd();
+    bench.env("SECKILL__FRONTSTAGE__RATE_LIMIT__PER_ADDRESS_PER_S", "0");
     env_of(&mut bench, env)
         .args([
             "--mode",

@@ -447,7 +447,7 @@ pub async fn run(args: &ChaosArgs) -> anyhow::Result<Vec<Account>> {
     };
     if !exe.is_file() {
         anyhow::bail!(
-            "the engine binary {} does not exist; build it with `cargo build --features chaos` or pass --engine",
+            "the engine binary {} does not exist; build it with `cargo build --release --workspace --target-dir target/chaos` (it runs target/chaos/release/seckill-engine) or pass --engine",
             exe.display()
         );
     }
