@@ -266,6 +266,8 @@ async fn check_postgres(pool: &Pool, settings: &Settings) -> Result<Option<Strin
         Err(e) => format!("the default synchronous_commit could not be read: {e}"),
     };
     tracing::info!(
+        primary = %state.server,
+        timeline = state.timeline,
         durability = %state.describe(),
         default = %default,
         require_sync_standby = settings.database.require_sync_standby,

@@ -77,6 +77,10 @@ pub fn log_sizes(settings: &Settings) {
         roles = %settings.server.label(),
         "sized to the host"
     );
+    // What each link runs over, and the setting that decides it.
+    for t in settings.transports() {
+        tracing::info!(link = t.link, key = t.key, transport = %t.summary, "link transport");
+    }
 }
 
 /// Raises the soft limit on open file descriptors to the hard one (a flash sale's

@@ -125,6 +125,11 @@ pub struct Checks {
     pub redis: Option<String>,
     /// When the monitor made these checks; `None` before its first.
     pub at: Option<std::time::Instant>,
+    /// Since when PostgreSQL has been failing (ms since the Unix epoch), carried
+    /// from check to check while it fails: the live page says how long.
+    pub postgres_since_ms: Option<i64>,
+    /// Since when Redis has been failing, likewise.
+    pub redis_since_ms: Option<i64>,
 }
 
 /// The shared answer; starts ready (the engine checked everything while starting).
@@ -200,15 +205,21 @@ impl Readiness {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .postgres = problem;
     }
-    /// Records the monitor's findings; returns the ones they replace.
-    pub(crate) fn record_checks(&self, checks: Checks) -> Checks {
-        std::mem::replace(
-            &mut *self
-                .checks
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-            checks,
-        )
+    /// Records the monitor's findings, stamping when each failure began (kept from
+    /// the findings they replace while it lasts); returns the ones they replace.
+    pub(crate) fn record_checks(&self, mut checks: Checks) -> Checks {
+        let mut held = self
+            .checks
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let now = chrono::Utc::now().timestamp_millis();
+        let since = |failing: bool, before: Option<i64>| match failing {
+            true => Some(before.unwrap_or(now)),
+            false => None,
+        };
+        checks.postgres_since_ms = since(checks.postgres.is_some(), held.postgres_since_ms);
+        checks.redis_since_ms = since(checks.redis.is_some(), held.redis_since_ms);
+        std::mem::replace(&mut *held, checks)
     }
     /// Waits until the monitor has checked once, or `grace` has passed; returns
     /// whether it has.
@@ -420,8 +431,15 @@ mod tests {
         let before = r.record_checks(found.clone());
         assert_eq!(before.postgres.as_deref(), Some("no writable primary"));
         assert_eq!(r.postgres_problem(), None);
-        assert_eq!(r.checks(), found);
+        assert_eq!(r.checks().redis, found.redis);
         assert!(r.checked(std::time::Duration::ZERO).await);
+        // A failure keeps the time it began while it lasts, and loses it after.
+        let began = r.checks().redis_since_ms.expect("failing since");
+        assert_eq!(r.checks().postgres_since_ms, None);
+        r.record_checks(found.clone());
+        assert_eq!(r.checks().redis_since_ms, Some(began));
+        r.record_checks(Checks::default());
+        assert_eq!(r.checks().redis_since_ms, None);
     }
 
     #[test]

@@ -6,7 +6,11 @@
 #               lower case, other characters as _; written to roles.toml as
 #               database.role_prefix): <p>_owner (migrate, maintain), <p>_engine
 #               (serve: <p>_runtime + pg_monitor), <p>_history (<p>_readonly); the
-#               database is created owned by <p>_owner when missing
+#               database is created owned by <p>_owner when missing. A database of
+#               that name owned by another role (a plain `migrate` made it, as
+#               postgres) is left alone: the roles get a database of their own,
+#               <name>_roles, and say so (taking another role's data over is a
+#               decision for its owner, not for this script)
 #   RabbitMQ    seckill-engine     configure/write/read on the namespace's names
 #               seckill-frontstage write on <ns>.orders only
 #               seckill-payments   write on <ns>.payments only
@@ -63,24 +67,37 @@ roles_up() {
   pw_engine=$PW_ENGINE pw_front=$PW_FRONT pw_pay=$PW_PAY pw_redis=$PW_REDIS
 
   local psql=(psql -X -q -A -t -v ON_ERROR_STOP=1 -h "${HOST[postgres]}" -p "${PORT[postgres]}" -U "$PG_USER" -d postgres)
-  db=$PG_DB
   # The engine's default (domain::roles::role_prefix_for), written down in
   # roles.toml so the engine uses exactly the roles made here.
-  rp=$(printf '%s' "${db,,}" | LC_ALL=C sed 's/[^a-z0-9_]/_/g')
-  [[ $rp =~ ^[a-z] ]] || rp=d$rp
-  rp=${rp:0:40}
+  prefix_of() {
+    local p
+    p=$(printf '%s' "${1,,}" | LC_ALL=C sed 's/[^a-z0-9_]/_/g')
+    [[ $p =~ ^[a-z] ]] || p=d$p
+    printf '%s' "${p:0:40}"
+  }
+  owner_of() {
+    echo "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = :'db'" |
+      PGPASSWORD=$PG_PASS "${psql[@]}" -v db="$1"
+  }
+  db=$PG_DB
+  rp=$(prefix_of "$db")
+  owner=$(owner_of "$db")
+  if [[ -n $owner && $owner != "${rp}_owner" ]]; then
+    roles_say postgres "database $db is owned by $owner (made without --roles); the roles get a database, an AMQP namespace and a Redis prefix of their own: ${db}_roles, ${ns}_roles, ${prefix}_roles"
+    db=${db}_roles ns=${ns}_roles prefix=${prefix}_roles
+    rp=$(prefix_of "$db")
+    owner=$(owner_of "$db")
+    [[ -z $owner || $owner == "${rp}_owner" ]] ||
+      die "database $db exists too and is owned by $owner, not ${rp}_owner: drop it (or give it to ${rp}_owner) and run 'up --roles' again"
+  fi
   PGPASSWORD=$PG_PASS PGOPTIONS="-c client_min_messages=warning -c seckill.role_prefix=$rp" "${psql[@]}" \
     -f "$ROOT/scripts/lib/roles.sql" >/dev/null ||
     die "creating the PostgreSQL roles failed (the configured user must be a superuser)"
   owner_role=${rp}_owner
-  owner=$(echo "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = :'db'" |
-    PGPASSWORD=$PG_PASS "${psql[@]}" -v db="$db")
   if [[ -z $owner ]]; then
     echo 'CREATE DATABASE :"db" OWNER :"owner"' | PGPASSWORD=$PG_PASS "${psql[@]}" -v db="$db" -v owner="$owner_role" ||
       die "creating database $db failed"
     roles_say postgres "database $db created, owned by $owner_role"
-  elif [[ $owner != "$owner_role" ]]; then
-    warn postgres "database $db exists and is owned by $owner: migrate it as $owner (owner_url), or drop it and run 'up --roles' again"
   fi
   roles_say postgres "roles ${rp}_owner, ${rp}_engine (${rp}_runtime, pg_monitor), ${rp}_history (${rp}_readonly)"
 
@@ -126,6 +143,7 @@ role_prefix = "$rp"
 
 [amqp]
 url = "amqp://$ROLES_USER-engine:$pw_engine@$amqp/$vhost"
+namespace = "$ns"
 order_signing_secret = "$ORDER_SIGNING"
 
 [frontstage]
@@ -133,6 +151,7 @@ amqp_url = "amqp://$ROLES_USER-frontstage:$pw_front@$amqp/$vhost"
 
 [redis]
 url = "redis://$ROLES_USER-engine:$pw_redis@${HOST[redis]}:${PORT[redis]}"
+key_prefix = "$prefix"
 EOF
   )
   roles_say roles "engine settings in ${SVC_DIR#"$ROOT"/}/roles.toml (payment providers: amqp://$ROLES_USER-payments:…, in ${ROLES_DIR#"$ROOT"/}/secrets)"

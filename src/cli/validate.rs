@@ -15,14 +15,15 @@ pub async fn run(settings: &Settings, config_file: Option<&Path>) -> anyhow::Res
     println!("ok   config");
     let mut failed = false;
     let mut report = |name: &str, key: &str, result: Result<String, String>| match result {
-        Ok(detail) => println!("ok   {name:<10} {detail} ({})", from(key)),
+        Ok(detail) => println!("ok   {name:<12} {detail} ({})", from(key)),
         Err(e) => {
             failed = true;
-            println!("FAIL {name:<10} {e} ({})", from(key));
+            println!("FAIL {name:<12} {e} ({})", from(key));
         }
     };
     report("postgres", "database.url", postgres(settings).await);
     report("durability", "database.url", durability(settings).await);
+    report("owner", "database.owner_url", owner(settings).await);
     report("rabbitmq", "amqp.url", rabbitmq(settings).await);
     report("redis", "redis.url", redis(settings).await);
     // A process without the front role (`server.roles`) needs none of its keys.
@@ -34,12 +35,31 @@ pub async fn run(settings: &Settings, config_file: Option<&Path>) -> anyhow::Res
         )),
     };
     report("frontstage", "frontstage.auth.mode", frontstage);
+    // What each link runs over: said, never failed here (the link's own check
+    // above fails when TLS is required and not there).
+    for t in settings.transports() {
+        report(&format!("{} tls", t.link), t.key, Ok(t.summary));
+    }
 
     Ok(if failed {
         ExitCode::FAILURE
     } else {
         ExitCode::SUCCESS
     })
+}
+
+/// Whether `migrate` can run as the configured owner (`database.owner_url`, else
+/// `database.url`'s role).
+async fn owner(settings: &Settings) -> Result<String, String> {
+    let config = store::owner_pg_config(&settings.database).map_err(why)?;
+    match migrate::owner_problem(&config).await.map_err(why)? {
+        None => Ok(format!(
+            "{} can migrate {}",
+            config.get_user().unwrap_or("the configured role"),
+            config.get_dbname().unwrap_or_default()
+        )),
+        Some(problem) => Err(problem),
+    }
 }
 
 /// An error with its causes, on one line.

@@ -18,6 +18,7 @@ mod http;
 mod redis;
 mod server;
 mod telemetry;
+mod transport;
 
 use std::path::Path;
 
@@ -43,6 +44,7 @@ pub use self::http::{AdminSettings, HttpSettings};
 pub use self::redis::RedisSettings;
 pub use self::server::{Role, ServerSettings};
 pub use self::telemetry::{LogFormat, TelemetrySettings, MAX_TRACED_ACTIVITIES};
+pub use self::transport::Transport;
 
 /// The defaults, compiled into the binary.
 const DEFAULTS: &str = include_str!("../../config/default.toml");
@@ -88,6 +90,12 @@ pub fn figment(config_file: Option<&Path>) -> Figment {
 }
 
 impl Settings {
+    /// What each link (PostgreSQL, RabbitMQ, Redis) runs over, TLS or plaintext,
+    /// and the setting that decides it (`validate`, the start-up log).
+    pub fn transports(&self) -> Vec<Transport> {
+        transport::transports(&self.database, &self.amqp, &self.redis)
+    }
+
     /// Loads and validates the settings from the standard sources.
     pub fn load(config_file: Option<&Path>) -> Result<Self, ConfigError> {
         Self::from_figment(&figment(config_file))
@@ -432,6 +440,24 @@ mod tests {
     fn missing_config_file_is_an_error() {
         Jail::expect_with(|_| {
             assert!(Settings::load(Some(Path::new("absent.toml"))).is_err());
+            Ok(())
+        });
+    }
+
+    #[test]
+    fn each_link_says_tls_or_plaintext_from_its_own_setting() {
+        figment::Jail::expect_with(|jail| {
+            jail.set_env(
+                "SECKILL__DATABASE__URL",
+                "postgres://u:secret@db/x?sslmode=require",
+            );
+            jail.set_env("SECKILL__AMQP__URL", "amqps://u:secret@mq/%2f");
+            jail.set_env("SECKILL__REDIS__URL", "redis://cache:6379");
+            let t = crate::config::Settings::load(None).unwrap().transports();
+            assert!(t[0].summary.starts_with("TLS, the server not verified"));
+            assert!(t[1].summary.starts_with("TLS (amqps://)"));
+            assert!(t[2].summary.starts_with("plaintext (redis://"));
+            assert!(t.iter().all(|t| !t.summary.contains("secret")));
             Ok(())
         });
     }

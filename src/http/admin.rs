@@ -28,6 +28,9 @@ pub struct Admin {
     roles: String,
     /// `admin.metrics_token`: `/metrics` answers 401 without it.
     metrics_token: Option<secrecy::SecretString>,
+    /// Since when the intakes have been short of consumers with the database fine
+    /// (ms since the Unix epoch): the live page's broker outage.
+    broker_down_since: std::sync::Mutex<Option<i64>>,
 }
 
 pub async fn start(
@@ -58,6 +61,7 @@ pub async fn start(
         },
         roles: settings.server.label(),
         metrics_token: settings.admin.metrics_token.clone(),
+        broker_down_since: Default::default(),
     });
     crate::telemetry::metrics();
     let deadlines = super::Deadlines::new(&settings.frontstage.limits);
@@ -447,40 +451,51 @@ async fn status(admin: web::Data<Admin>, req: actix_web::HttpRequest) -> HttpRes
         .json(collect_status(&admin).await)
 }
 
+/// How long the live page's figures may take to read from PostgreSQL: a page
+/// refreshed during an outage answers within it, with the figures unknown.
+const STATUS_READ_DEADLINE: std::time::Duration = std::time::Duration::from_millis(200);
+
 async fn collect_status(admin: &Admin) -> super::live_page::Status {
     use super::live_page::{DeadLetters, Latency, Status};
     let (ready, checks, _) = readiness_checks(admin);
+    let found = admin.readiness.checks();
     let mut errors = Vec::new();
-    let (sales, backlog) = match admin.pool.get().await {
-        Ok(conn) => {
-            let sales = match crate::store::health::live_buckets(&conn.client).await {
-                Ok(buckets) => super::live_page::sales(buckets),
-                Err(e) => {
-                    errors.push(format!("live sales: {e}"));
-                    Vec::new()
-                }
-            };
-            drop(conn);
-            let backlog = match crate::store::ops::backlog(&admin.pool).await {
-                Ok(b) => Some(b),
-                Err(e) => {
-                    errors.push(format!("backlog: {e}"));
-                    None
-                }
-            };
-            (sales, backlog)
-        }
-        Err(e) => {
-            errors.push(format!("PostgreSQL: {e}"));
-            (Vec::new(), None)
-        }
+    let read = tokio::time::timeout(STATUS_READ_DEADLINE, async {
+        let conn = admin.pool.get().await?;
+        let buckets = crate::store::health::live_buckets(&conn.client)
+            .await
+            .map_err(crate::store::StoreError::from)?;
+        drop(conn);
+        let backlog = crate::store::ops::backlog(&admin.pool).await?;
+        Ok::<_, crate::store::StoreError>((super::live_page::sales(buckets), backlog))
+    })
+    .await;
+    let (sales, backlog, unread) = match read {
+        Ok(Ok((sales, backlog))) => (Some(sales), Some(backlog), None),
+        Ok(Err(e)) => (None, None, Some(format!("cannot be read: {e}"))),
+        Err(_) => (
+            None,
+            None,
+            Some(format!(
+                "no answer within {} ms",
+                STATUS_READ_DEADLINE.as_millis()
+            )),
+        ),
     };
+    if let Some(why) = &unread {
+        errors.push(format!("PostgreSQL {why}: sales and backlog unknown"));
+    }
+    let outages = outages(admin, &found, unread);
+    let (intake, intake_ok) = intake_state(admin, found.postgres.as_deref());
     Status {
         version: crate::VERSION,
         time_ms: chrono::Utc::now().timestamp_millis(),
         ready,
         checks,
         paused: admin.readiness.is_paused(),
+        intake,
+        intake_ok,
+        outages,
         node_id: admin.readiness.node_id(),
         in_flight: admin.intakes.in_flight(),
         latency: admin
@@ -504,6 +519,99 @@ async fn collect_status(admin: &Admin) -> super::live_page::Status {
         sales,
         errors,
     }
+}
+
+/// What is down now, with since when: the readiness monitor's findings, the
+/// page's own failed read, the intakes' and the front stage's links.
+fn outages(
+    admin: &Admin,
+    found: &crate::status::Checks,
+    unread: Option<String>,
+) -> Vec<super::live_page::Outage> {
+    use super::live_page::Outage;
+    let now = chrono::Utc::now().timestamp_millis();
+    let mut outages = Vec::new();
+    match (&found.postgres, unread) {
+        (Some(why), _) => outages.push(Outage {
+            link: "PostgreSQL",
+            reason: why.clone(),
+            since_ms: found.postgres_since_ms,
+        }),
+        // Seen by the page before the monitor's next check.
+        (None, Some(why)) => outages.push(Outage {
+            link: "PostgreSQL",
+            reason: why,
+            since_ms: None,
+        }),
+        (None, None) => {}
+    }
+    if let Some(why) = &found.redis {
+        outages.push(Outage {
+            link: "Redis",
+            reason: why.clone(),
+            since_ms: found.redis_since_ms,
+        });
+    }
+    let consuming = admin.intakes.consuming();
+    let broker_down = admin.expected_intakes > 0
+        && !admin.readiness.is_paused()
+        && found.postgres.is_none()
+        && consuming < admin.expected_intakes;
+    let since = {
+        let mut since = admin
+            .broker_down_since
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *since = broker_down.then(|| since.unwrap_or(now));
+        *since
+    };
+    if broker_down {
+        outages.push(Outage {
+            link: "RabbitMQ",
+            reason: format!(
+                "{consuming} of {} intakes consuming: the broker connection is down or reconnecting",
+                admin.expected_intakes
+            ),
+            since_ms: since,
+        });
+    }
+    if let Some(Some(why)) = admin.readiness.frontstage_problem() {
+        outages.push(Outage {
+            link: "front stage links",
+            reason: why,
+            since_ms: None,
+        });
+    }
+    outages
+}
+
+/// The intake's state in words, and whether it is as it should be. Never
+/// "running" while it does not consume: paused, stopped for the database, or
+/// short of consumers.
+fn intake_state(admin: &Admin, postgres: Option<&str>) -> (String, bool) {
+    if admin.expected_intakes == 0 {
+        return (
+            format!("not run here (server.roles = {})", admin.roles),
+            true,
+        );
+    }
+    if admin.readiness.is_paused() {
+        return ("paused by an operator".to_owned(), false);
+    }
+    if let Some(why) = postgres {
+        return (format!("stopped: the database is not ready ({why})"), false);
+    }
+    let consuming = admin.intakes.consuming();
+    if consuming < admin.expected_intakes {
+        return (
+            format!(
+                "{consuming} of {} intakes consuming",
+                admin.expected_intakes
+            ),
+            false,
+        );
+    }
+    ("running".to_owned(), true)
 }
 
 #[cfg(test)]

@@ -30,6 +30,9 @@ struct Inner {
     redis: RedisSettings,
     readiness: Arc<Readiness>,
     interval: Duration,
+    /// The primary the last check reached (server, timeline): a change is a
+    /// fail-over (or a switch-over) and is said once, at INFO.
+    primary: std::cell::RefCell<Option<(String, i32)>>,
 }
 
 /// How long one dependency may take to answer before it counts as down.
@@ -50,6 +53,7 @@ impl ReadinessMonitor {
                 redis,
                 readiness,
                 interval,
+                primary: Default::default(),
             }),
         }
     }
@@ -67,6 +71,7 @@ impl Inner {
             schema,
             redis,
             at: Some(Instant::now()),
+            ..Checks::default()
         }
     }
 
@@ -95,12 +100,33 @@ impl Inner {
         let state = primary::primary_state(&conn.client)
             .await
             .map_err(|e| e.to_string())?;
+        self.note_primary(&state);
         match state.problem(
             self.database.require_sync_standby,
             self.database.commit_stall(),
         ) {
             Some(problem) => Err(problem),
             None => Ok(conn),
+        }
+    }
+
+    /// Says, once, that the writable primary is another server or timeline than at
+    /// the last check: after a fail-over the operator learns where the engine now
+    /// writes without querying each server.
+    fn note_primary(&self, state: &primary::PrimaryState) {
+        if state.read_only {
+            return;
+        }
+        let now = (state.server.clone(), state.timeline);
+        let before = self.primary.replace(Some(now.clone()));
+        if let Some((server, timeline)) = before.filter(|b| *b != now) {
+            tracing::info!(
+                primary = %now.0,
+                timeline = now.1,
+                previous = %server,
+                previous_timeline = timeline,
+                "the engine writes to another primary now"
+            );
         }
     }
 

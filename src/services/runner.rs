@@ -191,6 +191,13 @@ impl<S: Service> Handler<Tick> for Maintenance<S> {
         let run = actix::spawn(self.service.run_once());
         ctx.wait(run.into_actor(self).map(|result, runner, ctx| match result {
             Ok(Ok(outcome)) => {
+                if runner.failures > 0 {
+                    tracing::info!(
+                        service = S::NAME,
+                        failures = runner.failures,
+                        "background service works again"
+                    );
+                }
                 runner.failures = 0;
                 if outcome.did_work() {
                     tracing::debug!(service = S::NAME, %outcome, "run did work");
@@ -208,7 +215,14 @@ impl<S: Service> Handler<Tick> for Maintenance<S> {
                 metrics::counter!(crate::telemetry::names::MAINTENANCE_FAILURES_TOTAL, "service" => S::NAME)
                     .increment(1);
                 let delay = failure_backoff(runner.service.interval(), runner.failures);
-                tracing::warn!(service = S::NAME, error = %e, failures = runner.failures, retry_in_ms = delay.as_millis() as u64, "background run failed");
+                // One WARN when a service starts failing, one INFO when it works again:
+                // an outage is two lines per service, not one per retry (issue 51).
+                // The failures in between are counted (the metric) and at DEBUG.
+                if runner.failures == 1 {
+                    tracing::warn!(service = S::NAME, error = %e, retry_in_ms = delay.as_millis() as u64, "background service failing; retrying with backoff");
+                } else {
+                    tracing::debug!(service = S::NAME, error = %e, failures = runner.failures, retry_in_ms = delay.as_millis() as u64, "background run failed again");
+                }
                 ctx.notify_later(Tick, delay);
             }
             Err(join) => {

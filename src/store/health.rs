@@ -16,6 +16,8 @@ pub struct LiveBucket {
     pub bucket: i16,
     pub available: i32,
     pub allocated: i32,
+    /// When the bucket last changed (an order, a give-back).
+    pub updated_at: chrono::DateTime<chrono::Utc>,
 }
 
 /// The buckets of every live sale: published or running, started, not ended.
@@ -30,6 +32,7 @@ pub async fn live_buckets(client: &Client) -> Result<Vec<LiveBucket>, tokio_post
             bucket: r.get(2),
             available: r.get(3),
             allocated: r.get(4),
+            updated_at: r.get(5),
         })
         .collect())
 }
@@ -102,7 +105,8 @@ pub async fn standbys(client: &Client) -> Result<Vec<Standby>, tokio_postgres::E
 }
 
 const LIVE_BUCKETS: &str = "
-SELECT i.activity_id, i.sku_id, i.bucket_no, i.available_stock, i.allocated_stock
+SELECT i.activity_id, i.sku_id, i.bucket_no, i.available_stock, i.allocated_stock,
+       i.updated_at
 FROM sku_inventory AS i
 JOIN seckill_activity AS a ON a.activity_id = i.activity_id
 WHERE a.status IN ($1, $2)

@@ -92,6 +92,39 @@ async fn ensure_database(config: &PgTarget) -> Result<bool, MigrateError> {
     }
 }
 
+/// Why `migrate` would fail as `config`'s role (`database.owner_url`), or `None` when
+/// it can migrate: it must own the database (PostgreSQL 15 lets only the owner
+/// create in `public`, where the migrations' history lives) and the `seckill`
+/// schema when that exists, unless it is a superuser. A database that does not
+/// exist yet is created by `migrate` itself.
+pub async fn owner_problem(config: &PgTarget) -> Result<Option<String>, StoreError> {
+    let Some(name) = config.get_dbname() else {
+        return Err(StoreError::Url("the database URL names no database".into()));
+    };
+    let mut admin = config.clone();
+    admin.dbname("postgres");
+    let client = connect(&admin).await?;
+    let row = client
+        .query_opt(
+            "SELECT r.rolsuper, d.datdba = r.oid, pg_get_userbyid(d.datdba), r.rolname::text
+               FROM pg_database d, pg_roles r
+              WHERE d.datname = $1 AND r.rolname = current_user",
+            &[&name],
+        )
+        .await?;
+    let Some(row) = row else { return Ok(None) };
+    let (superuser, owns, owner, me): (bool, bool, String, String) =
+        (row.get(0), row.get(1), row.get(2), row.get(3));
+    if superuser || owns {
+        return Ok(None);
+    }
+    Ok(Some(format!(
+        "database {name} is owned by {owner}, not by {me} (database.owner_url): migrate \
+         would fail; give it to {me} (ALTER DATABASE {name} OWNER TO {me}, and the seckill \
+         schema's objects), or use a database {me} owns (scripts/services up --roles makes one)"
+    )))
+}
+
 /// Fails unless every migration of this build is applied, with the same checksums,
 /// and the database knows no migration this build does not.
 pub async fn verify(client: &mut Client) -> Result<(), MigrateError> {

@@ -20,7 +20,9 @@ SELECT pg_is_in_recovery() OR current_setting('transaction_read_only')::bool,
        (SELECT count(*) FROM pg_stat_replication WHERE sync_state IN ('sync', 'quorum')),
        (SELECT coalesce(max(extract(epoch FROM clock_timestamp() - query_start) * 1000), 0)::bigint
           FROM pg_stat_activity
-         WHERE wait_event = 'SyncRep' AND datname = current_database())";
+         WHERE wait_event = 'SyncRep' AND datname = current_database()),
+       coalesce(host(inet_server_addr()) || ':' || inet_server_port(), 'a local socket'),
+       (SELECT timeline_id FROM pg_control_checkpoint())";
 
 /// What `PRIMARY_STATE` answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -37,6 +39,10 @@ pub struct PrimaryState {
     /// How long the oldest COMMIT of this database has been waiting for a
     /// synchronous standby, in milliseconds (0: none waits).
     pub stalled_commit_ms: i64,
+    /// The server as this connection reached it (`host:port`).
+    pub server: String,
+    /// Its timeline (as of its last checkpoint): a promoted standby starts a new one.
+    pub timeline: i32,
 }
 
 pub async fn primary_state(client: &Client) -> Result<PrimaryState, StoreError> {
@@ -47,6 +53,8 @@ pub async fn primary_state(client: &Client) -> Result<PrimaryState, StoreError> 
         standby_names: row.get(2),
         sync_standbys: row.get(3),
         stalled_commit_ms: row.get(4),
+        server: row.get(5),
+        timeline: row.get(6),
     })
 }
 
@@ -146,6 +154,8 @@ mod tests {
             standby_names: "ANY 1 (pg0, pg1, pg2)".into(),
             sync_standbys: 1,
             stalled_commit_ms: 0,
+            server: "10.0.0.1:5432".into(),
+            timeline: 1,
         }
     }
 

@@ -49,12 +49,24 @@ async fn migrate_creates_the_database_and_is_idempotent() {
 
     let valid = run(engine().env("SECKILL__DATABASE__URL", &url).arg("validate"));
     assert!(valid.ok, "{}", valid.text);
+    // config, postgres, durability, owner, rabbitmq, redis, frontstage, and what
+    // each of the three links runs over.
     assert_eq!(
         valid.text.lines().filter(|l| l.starts_with("ok")).count(),
-        6,
+        10,
         "{}",
         valid.text
     );
+    for link in ["postgres tls", "rabbitmq tls", "redis tls"] {
+        assert!(
+            valid
+                .text
+                .lines()
+                .any(|l| l.starts_with(&format!("ok   {link}")) && l.contains("plaintext (")),
+            "{link}: {}",
+            valid.text
+        );
+    }
 
     // A database whose default would lose acknowledged commits: said by name, with
     // the engine's override, and not a failure (the engine is safe on it).

@@ -608,3 +608,103 @@ async fn each_database_has_its_own_roles_and_the_runtime_role_cannot_rewrite_his
     env_a.cleanup().await;
     env_b.cleanup().await;
 }
+
+/// The README's roles flow on a machine where the plain flow ran first: the
+/// configured database exists, owned by `postgres` (a plain `migrate` made it).
+/// `up --roles` leaves it alone and says so, gives the roles a database, namespace
+/// and key prefix of their own, and `migrate` then works as their owner (issue 51).
+#[actix_rt::test]
+async fn up_roles_after_the_plain_flow_gets_a_database_of_its_own_and_migrate_works() {
+    let id = &uuid::Uuid::new_v4().simple().to_string()[..12];
+    let plain = format!("seckill_plain_{id}");
+    let admin = seckill_engine::store::connect(&admin_config())
+        .await
+        .unwrap();
+    admin
+        .batch_execute(&format!("CREATE DATABASE {plain}"))
+        .await
+        .unwrap();
+    let dir = std::env::temp_dir().join(format!("seckill-roles-{id}"));
+    std::fs::create_dir_all(&dir).unwrap();
+    // Dropped at the end: the roles' database, their roles and users.
+    let identities = Identities {
+        dir: dir.clone(),
+        users: format!("t{id}"),
+        db: format!("{plain}_roles"),
+    };
+    let (namespace, prefix) = (format!("n{id}"), format!("p{id}"));
+    let env = [
+        ("SECKILL_SERVICES_DIR", dir.display().to_string()),
+        ("SECKILL_ROLES_USER_PREFIX", identities.users.clone()),
+        ("SECKILL__AMQP__NAMESPACE", namespace.clone()),
+        ("SECKILL__REDIS__KEY_PREFIX", prefix.clone()),
+        (
+            "SECKILL__DATABASE__URL",
+            crate::common::with_dbname(base_settings().database.url.expose_secret(), &plain),
+        ),
+    ];
+    let text = crate::common::project_script("scripts/services", &["up", "--roles"], &env).await;
+    assert!(
+        text.contains(&format!("database {plain} is owned by postgres"))
+            && text.contains(&format!("{plain}_roles")),
+        "{text}"
+    );
+    let settings = std::fs::read_to_string(identities.settings_file()).unwrap();
+    for want in [
+        format!("/{plain}_roles?"),
+        format!("namespace = \"{namespace}_roles\""),
+        format!("key_prefix = \"{prefix}_roles\""),
+    ] {
+        assert!(settings.contains(&want), "{want} in {settings}");
+    }
+    // The documented next step, as the roles' owner, on their own database.
+    let mut migrate = engine();
+    migrate
+        .arg("--config")
+        .arg(identities.settings_file())
+        .arg("migrate");
+    let migrated =
+        actix_rt::task::spawn_blocking(move || crate::common::process::run(&mut migrate))
+            .await
+            .unwrap();
+    assert!(migrated.ok, "{}", migrated.text);
+    // `validate` says when the owner setting cannot migrate: the roles' owner
+    // pointed at the plain flow's database.
+    let mut validate = engine();
+    validate
+        .arg("--config")
+        .arg(identities.settings_file())
+        .arg("validate")
+        .env(
+            "SECKILL__DATABASE__OWNER_URL",
+            crate::common::with_dbname(&url_as(&format!("{plain}_roles_owner")), &plain),
+        );
+    let validated =
+        actix_rt::task::spawn_blocking(move || crate::common::process::run(&mut validate))
+            .await
+            .unwrap();
+    assert!(!validated.ok, "{}", validated.text);
+    assert!(
+        validated
+            .text
+            .lines()
+            .any(|l| l.starts_with("FAIL owner") && l.contains("is owned by postgres")),
+        "{}",
+        validated.text
+    );
+    // The plain flow's database is as it was: still postgres's.
+    let owner: String = admin
+        .query_one(
+            "SELECT pg_get_userbyid(datdba) FROM pg_database WHERE datname = $1",
+            &[&plain],
+        )
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(owner, "postgres");
+    admin
+        .batch_execute(&format!("DROP DATABASE {plain} WITH (FORCE)"))
+        .await
+        .unwrap();
+    drop(identities);
+}
