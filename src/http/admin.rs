@@ -111,7 +111,9 @@ pub async fn start(
         title = "seckill-engine admin listener",
         description = "Probes, metrics, the live page and its data, and the operator API \
                        (off unless `admin.token` is set). Not for buyers: keep it off the \
-                       public network."
+                       public network. Every path answers 421 Misdirected Request when the \
+                       request's Host is not an IP address, localhost or one of \
+                       `admin.allowed_hosts` (DNS rebinding)."
     ),
     paths(livez, readyz, live_page, status, metrics, openapi_json),
     modifiers(&SecuritySchemes),

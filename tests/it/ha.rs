@@ -844,3 +844,108 @@ async fn history_reads_use_a_fresh_replica_and_never_go_back_in_time() {
     engine.stop().await;
     env.cleanup().await;
 }
+
+/// Issue 51: the bench drives the HA drill end to end. An engine process on the
+/// topology, `seckill-bench --mode http` paced through its front stage, and during
+/// the sale the primary crashes and the best standby is promoted; the bench's own
+/// session breaks with it, it reconnects, waits for every reservation to settle,
+/// and prints its report with PASS; the old primary then rejoins.
+#[actix_rt::test]
+async fn the_bench_rides_through_the_fail_over_it_drives_and_reports_pass() {
+    let cluster = HaCluster::start(true).await;
+    let env = ha_env(&cluster, |f| f).await;
+    let (front, admin) = (free_port(), free_port());
+    let mut cmd = crate::common::process::engine();
+    crate::common::process::env_of(&mut cmd, &env)
+        .env("SECKILL__HTTP__ADDR", format!("127.0.0.1:{front}"))
+        .env("SECKILL__ADMIN__ADDR", format!("127.0.0.1:{admin}"))
+        .env("SECKILL__FRONTSTAGE__RATE_LIMIT__PER_ADDRESS_PER_S", "0");
+    let (serve, ready) = crate::common::process::Serve::start(&mut cmd, "engine ready").await;
+    assert!(ready, "serve did not start");
+    // The front stage listens just after the engine is ready.
+    assert!(
+        wait_until(HANG, || async {
+            tokio::net::TcpStream::connect(("127.0.0.1", front))
+                .await
+                .is_ok()
+        })
+        .await,
+        "the front stage never listened"
+    );
+
+    let bench_bin = crate::common::process::engine_binary().with_file_name("seckill-bench");
+    assert!(
+        bench_bin.exists(),
+        "{} is missing: cargo build --workspace",
+        bench_bin.display()
+    );
+    let mut bench = Command::new(&bench_bin);
+    crate::common::process::env_of(&mut bench, &env)
+        .env(
+            "SECKILL__FRONTSTAGE__AUTH__HS256_SECRET",
+            crate::common::TEST_JWT_SECRET,
+        )
+        .env(
+            "SECKILL__FRONTSTAGE__PURCHASE_TOKEN__SECRET",
+            crate::common::TEST_PURCHASE_SECRET,
+        )
+        .env("SECKILL__FRONTSTAGE__RATE_LIMIT__PER_ADDRESS_PER_S", "0")
+        .args([
+            "--mode",
+            "http",
+            "--activity",
+            "51",
+            "--stock",
+            "2000",
+            "--buckets",
+            "8",
+        ])
+        .args([
+            "--buyers",
+            "3000",
+            "--duplicate-ratio",
+            "0",
+            "--concurrency",
+            "16",
+        ])
+        // Paced, so that the sale is still selling when the primary goes.
+        .args(["--rate", "300", "--settle-timeout", "120"])
+        .arg("--url")
+        .arg(format!("http://127.0.0.1:{front}"))
+        .arg("--metrics-url")
+        .arg(format!("http://127.0.0.1:{admin}/metrics"));
+    let run = actix_rt::task::spawn_blocking(move || crate::common::process::run(&mut bench));
+
+    // Orders are being made: now the primary dies.
+    let going = wait_until(HANG, || async {
+        match primary_client(&env).await {
+            Some(db) => count(&db, "SELECT count(*) FROM orders").await >= 200,
+            None => false,
+        }
+    })
+    .await;
+    if !going {
+        let out = run.await.expect("the bench's thread");
+        let (_, log) = serve.terminate().await;
+        panic!("the bench's sale never got going:\n{}\n{log}", out.text);
+    }
+    cluster.failover(&["crash"]).await;
+    cluster.failover(&["promote"]).await;
+
+    let out = run.await.expect("the bench's thread");
+    eprintln!("{}", out.text);
+    assert!(out.ok, "the bench failed:\n{}", out.text);
+    assert!(out.text.contains("result: PASS"), "{}", out.text);
+    // Its own session went with the old primary, and it carried on.
+    assert!(
+        out.text.contains("the database session broke"),
+        "{}",
+        out.text
+    );
+    cluster.failover(&["rejoin"]).await;
+    let status = cluster.failover(&["status"]).await;
+    assert!(status.contains("primary"), "{status}");
+    let (exit, log) = serve.terminate().await;
+    assert!(exit.success(), "{log}");
+    env.cleanup().await;
+}

@@ -347,9 +347,9 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
             // The bench's own session broke (a fail-over, a restart): the engine
             // rides through it, and so does the count, on a new session.
             Err(e) if db.is_closed() => {
-                spinner.println(format!(
-                    "bench: the database session broke ({e}); reconnecting"
-                ));
+                spinner.suspend(|| {
+                    println!("bench: the database session broke ({e}); reconnecting")
+                });
                 db = reconnect(&config, deadline).await?;
                 continue;
             }
