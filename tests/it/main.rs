@@ -8,6 +8,7 @@ mod background;
 mod cluster;
 mod commands;
 mod deploy;
+mod docs;
 mod door;
 mod faults;
 mod front_client;
