@@ -140,57 +140,6 @@ fn equivalent(text: &str) -> String {
         .join("\n")
 }
 
-/// A `run` block's world: its names, and their removal when dropped.
-struct World {
-    dir: PathBuf,
-    id: String,
-}
-
-impl World {
-    fn db(&self) -> String {
-        format!("seckill_doc_{}", self.id)
-    }
-}
-
-impl Drop for World {
-    fn drop(&mut self) {
-        let psql = |sql: String| {
-            let _ = std::process::Command::new("psql")
-                .args([
-                    "-X",
-                    "-q",
-                    "-h",
-                    "127.0.0.1",
-                    "-U",
-                    "postgres",
-                    "-d",
-                    "postgres",
-                    "-c",
-                ])
-                .arg(sql)
-                .output();
-        };
-        psql(format!(
-            "DROP DATABASE IF EXISTS {} WITH (FORCE)",
-            self.db()
-        ));
-        let roles: Vec<String> = ["engine", "owner", "history", "runtime", "readonly"]
-            .iter()
-            .map(|job| format!("{}_{job}", self.db()))
-            .collect();
-        psql(format!("DROP ROLE IF EXISTS {}", roles.join(", ")));
-        for kind in ["engine", "frontstage", "payments"] {
-            let _ = std::process::Command::new("rabbitmqctl")
-                .args(["-q", "delete_user", &format!("t{}-{kind}", self.id)])
-                .output();
-        }
-        let _ = std::process::Command::new("redis-cli")
-            .args(["ACL", "DELUSER", &format!("t{}-engine", self.id)])
-            .output();
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
-}
-
 /// The `run` blocks, in order, in one shell: README's roles flow (services up with
 /// one identity per job, migrate as the owner, serve as the runtime role) and its
 /// flash sale by hand (a sale created, its invariants checked), then OPERATIONS'
@@ -199,9 +148,11 @@ impl Drop for World {
 #[actix_rt::test]
 async fn the_readme_and_the_sale_checklists_run_as_written() {
     let id = uuid::Uuid::new_v4().simple().to_string()[..12].to_owned();
-    let world = World {
+    // The names `up --roles` makes from these, removed when dropped.
+    let world = crate::roles::Identities {
         dir: std::env::temp_dir().join(format!("seckill-doc-{id}")),
-        id: id.clone(),
+        users: format!("t{id}"),
+        db: format!("seckill_doc_{id}"),
     };
     std::fs::create_dir_all(&world.dir).unwrap();
     // The README's, then OPERATIONS' checklists on the engine the README started.
@@ -247,7 +198,7 @@ trap stop_serve EXIT
         repo = repo().display(),
         engine = crate::common::process::engine_binary().display(),
         dir = world.dir.display(),
-        url = with_dbname(base_settings().database.url.expose_secret(), &world.db()),
+        url = with_dbname(base_settings().database.url.expose_secret(), &world.db),
         http = free_port(),
     );
     let mut script = prelude;

@@ -467,7 +467,7 @@ async fn the_live_page_says_at_once_that_its_database_is_down() {
         .lines()
         .filter(|l| l.contains("background service failing"))
     {
-        let line = strip_colours(line);
+        let line = crate::common::process::without_colours(line);
         let service = line
             .split_whitespace()
             .find_map(|w| w.strip_prefix("service="))
@@ -478,23 +478,4 @@ async fn the_live_page_says_at_once_that_its_database_is_down() {
     assert!(!warned.is_empty(), "no service said it was failing: {log}");
     assert!(warned.values().all(|n| *n == 1), "{warned:?}\n{log}");
     env.cleanup().await;
-}
-
-/// `line` without its ANSI colour sequences (the log's fields are coloured).
-fn strip_colours(line: &str) -> String {
-    let mut out = String::with_capacity(line.len());
-    let mut chars = line.chars();
-    while let Some(c) = chars.next() {
-        if c == '\u{1b}' {
-            // ESC [ ... m
-            for c in chars.by_ref() {
-                if c == 'm' {
-                    break;
-                }
-            }
-        } else {
-            out.push(c);
-        }
-    }
-    out
 }

@@ -159,10 +159,10 @@ async fn serve_runs_as_the_runtime_role_which_cannot_change_the_schema() {
 /// `scripts/services up --roles` on the suite's services, for this test's
 /// namespace, key prefix and user names; its settings file, then the users'
 /// removal and its database's when dropped.
-struct Identities {
-    dir: std::path::PathBuf,
-    users: String,
-    db: String,
+pub(crate) struct Identities {
+    pub(crate) dir: std::path::PathBuf,
+    pub(crate) users: String,
+    pub(crate) db: String,
 }
 
 impl Identities {

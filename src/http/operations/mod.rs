@@ -67,6 +67,19 @@ pub struct PauseAnswer {
     pub was_paused: bool,
 }
 
+/// What every operator route answers before its handler runs (`access`): the
+/// responses each path's annotation lists once, by name.
+#[derive(utoipa::IntoResponses)]
+#[allow(dead_code)] // only described: `access::Refused` builds these answers
+enum Refusals {
+    /// Missing or wrong bearer token
+    #[response(status = 401, headers(("WWW-Authenticate" = String, description = "`Bearer`")))]
+    BadToken(AdminError),
+    /// The admin API is off (`admin.token` unset)
+    #[response(status = 404)]
+    Off(AdminError),
+}
+
 #[derive(Debug, Deserialize, utoipa::IntoParams)]
 #[into_params(parameter_in = Query)]
 pub(super) struct Limit {
@@ -103,9 +116,7 @@ fn mq_error(e: crate::mq::MqError) -> HttpResponse {
     tag = "operator",
     responses(
         (status = 200, description = "`paused`, `ready`, `consuming`, `in_flight`", body = Object),
-        (status = 401, description = "Missing or wrong bearer token", body = AdminError,
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
-        (status = 404, description = "The admin API is off (`admin.token` unset)", body = AdminError),
+        Refusals,
     ),
     security(("operator" = []))
 )]
@@ -125,9 +136,7 @@ async fn intake_status(Authorized(_who): Authorized, ops: web::Data<Operations>)
     tag = "operator",
     responses(
         (status = 200, description = "Paused", body = PauseAnswer),
-        (status = 401, description = "Missing or wrong bearer token", body = AdminError,
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
-        (status = 404, description = "The admin API is off (`admin.token` unset)", body = AdminError),
+        Refusals,
     ),
     security(("operator" = []))
 )]
@@ -151,9 +160,7 @@ async fn pause(Authorized(who): Authorized, ops: web::Data<Operations>) -> HttpR
     tag = "operator",
     responses(
         (status = 200, description = "Resumed", body = PauseAnswer),
-        (status = 401, description = "Missing or wrong bearer token", body = AdminError,
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
-        (status = 404, description = "The admin API is off (`admin.token` unset)", body = AdminError),
+        Refusals,
     ),
     security(("operator" = []))
 )]
@@ -177,9 +184,7 @@ async fn resume(Authorized(who): Authorized, ops: web::Data<Operations>) -> Http
     tag = "operator",
     responses(
         (status = 200, description = "`statuses`: rows and oldest age by status", body = Object),
-        (status = 401, description = "Missing or wrong bearer token", body = AdminError,
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
-        (status = 404, description = "The admin API is off (`admin.token` unset)", body = AdminError),
+        Refusals,
         (status = 503, description = "PostgreSQL is unavailable", body = AdminError),
     ),
     security(("operator" = []))
@@ -196,9 +201,7 @@ async fn outbox_summary(Authorized(_who): Authorized, ops: web::Data<Operations>
     params(Limit),
     responses(
         (status = 200, description = "`dead`: the DEAD rows", body = Object),
-        (status = 401, description = "Missing or wrong bearer token", body = AdminError,
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
-        (status = 404, description = "The admin API is off (`admin.token` unset)", body = AdminError),
+        Refusals,
         (status = 400, description = "The body or query is malformed", body = AdminError),
         (status = 503, description = "PostgreSQL is unavailable", body = AdminError),
     ),
@@ -229,9 +232,7 @@ pub(super) struct RetryRequest {
     request_body(content = RetryRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "`retried`: rows moved", body = Object),
-        (status = 401, description = "Missing or wrong bearer token", body = AdminError,
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
-        (status = 404, description = "The admin API is off (`admin.token` unset)", body = AdminError),
+        Refusals,
         (status = 400, description = "The body or query is malformed", body = AdminError),
         (status = 503, description = "PostgreSQL is unavailable", body = AdminError),
     ),
@@ -273,9 +274,7 @@ async fn outbox_retry(
     params(Limit),
     responses(
         (status = 200, description = "`messages`: the dead letters", body = Object),
-        (status = 401, description = "Missing or wrong bearer token", body = AdminError,
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
-        (status = 404, description = "The admin API is off (`admin.token` unset)", body = AdminError),
+        Refusals,
         (status = 400, description = "The body or query is malformed", body = AdminError),
         (status = 503, description = "The broker is unavailable", body = AdminError),
     ),
@@ -313,9 +312,7 @@ pub(super) struct ReplayRequest {
     request_body(content = ReplayRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "`replayed`, `without_origin`, `refused`, `left`", body = Object),
-        (status = 401, description = "Missing or wrong bearer token", body = AdminError,
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
-        (status = 404, description = "The admin API is off (`admin.token` unset)", body = AdminError),
+        Refusals,
         (status = 400, description = "The body or query is malformed", body = AdminError),
         (status = 503, description = "The broker is unavailable", body = AdminError),
     ),
@@ -362,9 +359,7 @@ async fn dlq_replay(
     params(Limit),
     responses(
         (status = 200, description = "`tasks`: the tasks", body = Object),
-        (status = 401, description = "Missing or wrong bearer token", body = AdminError,
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
-        (status = 404, description = "The admin API is off (`admin.token` unset)", body = AdminError),
+        Refusals,
         (status = 400, description = "The body or query is malformed", body = AdminError),
         (status = 503, description = "PostgreSQL is unavailable", body = AdminError),
     ),
@@ -398,9 +393,7 @@ pub(super) struct MaintainRequest {
     request_body(content = MaintainRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "`tables`: each table's dead rows and bytes before and after", body = Object),
-        (status = 401, description = "Missing or wrong bearer token", body = AdminError,
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
-        (status = 404, description = "The admin API is off (`admin.token` unset)", body = AdminError),
+        Refusals,
         (status = 400, description = "The body or query is malformed", body = AdminError),
         (status = 409, description = "The sale is live: close it first, or send `force: true`", body = AdminError),
         (status = 503, description = "PostgreSQL is unavailable", body = AdminError),
@@ -462,9 +455,7 @@ const MAX_TRACE_SECS: u64 = 86_400;
     request_body(content = TraceRequest, content_type = "application/json"),
     responses(
         (status = 200, description = "`followed`: the activities followed and the seconds left for each", body = Object),
-        (status = 401, description = "Missing or wrong bearer token", body = AdminError,
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
-        (status = 404, description = "The admin API is off (`admin.token` unset)", body = AdminError),
+        Refusals,
         (status = 400, description = "The body or query is malformed", body = AdminError),
         (status = 409, description = "As many activities as may be are followed already", body = AdminError),
     ),
@@ -507,9 +498,7 @@ async fn trace(
     tag = "operator",
     responses(
         (status = 200, description = "`followed`", body = Object),
-        (status = 401, description = "Missing or wrong bearer token", body = AdminError,
-            headers(("WWW-Authenticate" = String, description = "`Bearer`"))),
-        (status = 404, description = "The admin API is off (`admin.token` unset)", body = AdminError),
+        Refusals,
     ),
     security(("operator" = []))
 )]
