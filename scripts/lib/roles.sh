@@ -29,8 +29,8 @@ ROLES_USER=${SECKILL_ROLES_USER_PREFIX:-seckill}
 # The Redis commands of src/redis (and of its Lua scripts), and what the client
 # sends on connecting (CLIENT SETINFO, Redis 7.2 and later, is refused and the
 # client goes on without it).
-REDIS_ACL_COMMANDS="+get +set +del +incr +decr +exists +pexpireat +zadd +zrange +zrangebyscore +zrem
-  +hget +hset +hdel +evalsha +eval +script|load +script|exists +multi +exec +discard +ping
+REDIS_ACL_COMMANDS="+get +set +del +incr +decr +exists +pexpireat +zadd +zcard +zscore +zrange +zrangebyscore +zrem
+  +hget +hset +hsetnx +hdel +evalsha +eval +script|load +script|exists +multi +exec +discard +ping
   +client|setname +client|id +hello +select"
 
 roles_say() { printf '%-9s %s\n' "$1:" "$2"; }

@@ -27,6 +27,16 @@ BEGIN
                            CASE WHEN r.login THEN 'LOGIN' ELSE 'NOLOGIN' END);
         END IF;
     END LOOP;
+    -- Migration V8 (of the first releases) grants to seckill_runtime and
+    -- seckill_readonly whatever the prefix, and creates them when missing: an owner
+    -- without CREATEROLE (as made here) could not, and `migrate` would stop at V8 on
+    -- a fresh cluster. The grants step takes what V8 gave back under any other prefix.
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'seckill_runtime') THEN
+        CREATE ROLE seckill_runtime NOLOGIN;
+    END IF;
+    IF NOT EXISTS (SELECT FROM pg_roles WHERE rolname = 'seckill_readonly') THEN
+        CREATE ROLE seckill_readonly NOLOGIN;
+    END IF;
     EXECUTE format('GRANT %I, pg_monitor TO %I', prefix || '_runtime', prefix || '_engine');
     EXECUTE format('GRANT %I TO %I', prefix || '_readonly', prefix || '_history');
 END

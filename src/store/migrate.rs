@@ -95,7 +95,8 @@ async fn ensure_database(config: &PgTarget) -> Result<bool, MigrateError> {
 /// Why `migrate` would fail as `config`'s role (`database.owner_url`), or `None` when
 /// it can migrate: it must own the database (PostgreSQL 15 lets only the owner
 /// create in `public`, where the migrations' history lives) and the `seckill`
-/// schema when that exists, unless it is a superuser. A database that does not
+/// schema when that exists, unless it is a superuser; and migration V8's group
+/// roles must exist or it must be able to create them. A database that does not
 /// exist yet is created by `migrate` itself.
 pub async fn owner_problem(config: &PgTarget) -> Result<Option<String>, StoreError> {
     let Some(name) = config.get_dbname() else {
@@ -112,6 +113,24 @@ pub async fn owner_problem(config: &PgTarget) -> Result<Option<String>, StoreErr
             &[&name],
         )
         .await?;
+    // Migration V8 creates its two group roles when missing, which needs CREATEROLE
+    // (scripts/lib/roles.sql creates them for an owner without it).
+    let v8_blocked: bool = client
+        .query_one(
+            "SELECT NOT (r.rolsuper OR r.rolcreaterole)
+                    AND (SELECT count(*) FROM pg_roles
+                          WHERE rolname IN ('seckill_runtime', 'seckill_readonly')) < 2
+               FROM pg_roles r WHERE r.rolname = current_user",
+            &[],
+        )
+        .await?
+        .get(0);
+    if v8_blocked {
+        return Ok(Some(format!(
+            "the roles seckill_runtime and seckill_readonly are missing and {} cannot create              them (no CREATEROLE): migrate would stop at migration V8; have a superuser run              scripts/lib/roles.sql (scripts/services up --roles does)",
+            config.get_user().unwrap_or("the configured role")
+        )));
+    }
     let Some(row) = row else { return Ok(None) };
     let (superuser, owns, owner, me): (bool, bool, String, String) =
         (row.get(0), row.get(1), row.get(2), row.get(3));
