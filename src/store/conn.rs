@@ -6,6 +6,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Instant;
 
+use tokio_postgres::error::SqlState;
 use tokio_postgres::{Client, Statement};
 
 use super::error::StoreError;
@@ -100,12 +101,25 @@ impl Warnings {
     pub(super) fn saw(&self, notice: &tokio_postgres::error::DbError) {
         if notice.parsed_severity() == Some(tokio_postgres::error::Severity::Warning) {
             self.0.fetch_add(1, Ordering::AcqRel);
-            tracing::warn!(
-                sqlstate = notice.code().code(),
-                server_message = notice.message(),
-                detail = notice.detail(),
-                "PostgreSQL sent a warning"
-            );
+            // A server that stops or crashes warns every session it ends: one line
+            // per pooled connection for one event, which the readiness prober
+            // reports once (docs/OPERATIONS.md, "Logs"). Still counted above.
+            let ends_session =
+                [SqlState::ADMIN_SHUTDOWN, SqlState::CRASH_SHUTDOWN].contains(notice.code());
+            if ends_session {
+                tracing::debug!(
+                    sqlstate = notice.code().code(),
+                    server_message = notice.message(),
+                    "PostgreSQL ends this session"
+                );
+            } else {
+                tracing::warn!(
+                    sqlstate = notice.code().code(),
+                    server_message = notice.message(),
+                    detail = notice.detail(),
+                    "PostgreSQL sent a warning"
+                );
+            }
         }
     }
 }
