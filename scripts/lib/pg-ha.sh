@@ -157,7 +157,7 @@ ha_write_config() {
 # --config .services/ha.toml. The URL names every server; the engine writes to
 # whichever is the primary.
 [database]
-url = "postgres://postgres@${hosts[*]}/seckill?target_session_attrs=read-write"
+url = "postgres://postgres@${hosts[*]}/seckill?target_session_attrs=read-write&sslmode=disable"
 require_sync_standby = $([[ ${HA_SYNC:-on} == off ]] && echo false || echo true)
 EOF
 }

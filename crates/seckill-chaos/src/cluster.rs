@@ -403,7 +403,7 @@ impl HaTopology {
             .map(|p| format!("127.0.0.1:{p}"))
             .collect();
         format!(
-            "postgres://postgres@{}/{db}?target_session_attrs=read-write",
+            "postgres://postgres@{}/{db}?target_session_attrs=read-write&sslmode=disable",
             hosts.join(",")
         )
     }
