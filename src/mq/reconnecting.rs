@@ -124,4 +124,13 @@ impl<T: Opened> Reconnecting<T> {
     pub async fn reset(&self) {
         self.current.write().await.take();
     }
+
+    /// Closes what is open, saying goodbye to the broker (which otherwise logs a
+    /// client that vanished); a later `get` opens anew.
+    pub async fn close(&self) {
+        if let Some(open) = self.current.write().await.take() {
+            let channels: Vec<&Channel> = open.opened.iter().map(Opened::channel).collect();
+            super::close(&open.connection, &channels).await;
+        }
+    }
 }

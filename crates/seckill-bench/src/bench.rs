@@ -31,7 +31,9 @@ use seckill_engine::domain::ids::IdGenerator;
 use seckill_engine::domain::message::OrderCreateMessage;
 use seckill_engine::domain::shard::shard_for;
 use seckill_engine::mq::publisher::ConfirmedPublisher;
+use seckill_engine::mq::reconnecting::Reconnecting;
 use seckill_engine::mq::topology::Names;
+use seckill_engine::mq::MqError;
 use seckill_engine::redis::keys::SkuKeys;
 use seckill_engine::store::activity::{create_activity, ActivitySpec};
 use seckill_engine::store::invariants::run_checks;
@@ -77,6 +79,13 @@ pub struct BenchArgs {
     /// Give up waiting for settlement after this many seconds.
     #[arg(long, default_value_t = 600)]
     pub settle_timeout: u64,
+    /// For this many seconds after a failure, send again what a dependency's outage
+    /// stopped: a buyer's reservation answered 503 (after its `Retry-After`) or cut
+    /// off, with the same request id; in amqp mode a publish whose broker
+    /// connection went, with the same message (the inbox answers a copy the broker
+    /// had taken). 0: never.
+    #[arg(long, default_value_t = 60)]
+    pub retry_secs: u64,
     /// Also write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
@@ -164,6 +173,9 @@ pub struct Report {
     /// were in flight (reserved before a host stall ended, written after it began)
     /// while the host stalled; None without the probe.
     pub slow_orders: Option<SlowOrders>,
+    /// Requests or publishes sent again after a 503, a cut connection or a lost
+    /// broker (`--retry-secs`); `responses` counts each one's last answer.
+    pub retried: u64,
     pub responses: BTreeMap<String, u64>,
     pub outcomes: BTreeMap<String, i64>,
     pub checks: BTreeMap<String, i64>,
@@ -330,7 +342,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
     let probe = stalls::Probe::start();
     let started = Instant::now();
     let start_time = Utc::now();
-    let (responses, expected) = match args.mode {
+    let (responses, expected, retried) = match args.mode {
         Mode::Http => drive_http(&args, buyers.context("buyers prepared for http")?).await?,
         Mode::Amqp => drive_amqp(settings, &args, activity_id).await?,
     };
@@ -386,14 +398,32 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        seckill_engine::rebuild::rebuild_activity(
-            &db,
-            &mut redis,
-            &settings.redis.key_prefix,
-            activity_id,
-        )
-        .await
-        .context("setting the sale's Redis keys to PostgreSQL's figures")?;
+        // On a connection of its own: Redis may have restarted since the stock was
+        // loaded, and the rebuild puts back whatever it lost.
+        loop {
+            let rebuilt = match seckill_engine::redis::connect(&settings.redis).await {
+                Ok(mut fresh) => seckill_engine::rebuild::rebuild_activity(
+                    &db,
+                    &mut fresh,
+                    &settings.redis.key_prefix,
+                    activity_id,
+                )
+                .await
+                .map(drop)
+                .map_err(anyhow::Error::from),
+                Err(e) => Err(e.into()),
+            };
+            match rebuilt {
+                Ok(()) => break,
+                Err(e) if Instant::now() < deadline => {
+                    println!("bench: setting the sale's Redis keys failed ({e:#}); trying again");
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                }
+                Err(e) => {
+                    return Err(e).context("setting the sale's Redis keys to PostgreSQL's figures")
+                }
+            }
+        }
         println!("bench: amqp mode took no unit from Redis; the sale's Redis keys now hold PostgreSQL's figures");
     }
     let crowd = match crowd {
@@ -486,6 +516,7 @@ pub async fn run(settings: &Settings, args: BenchArgs) -> anyhow::Result<Report>
             .map(|(before, after)| before.until(&after, sold)),
         host_stalls,
         slow_orders,
+        retried,
         responses,
         outcomes,
         checks: checks_run
@@ -953,7 +984,7 @@ impl FirstAddr for str {
 async fn drive_http(
     args: &BenchArgs,
     buyers: HttpBuyers,
-) -> anyhow::Result<(BTreeMap<String, u64>, u64)> {
+) -> anyhow::Result<(BTreeMap<String, u64>, u64, u64)> {
     let HttpBuyers {
         url,
         users,
@@ -964,9 +995,12 @@ async fn drive_http(
     let client = HttpClient::new(Duration::from_secs(30));
     let rate = args.rate.filter(|r| *r > 0).map(f64::from);
     let start = tokio::time::Instant::now();
+    let retried = AtomicU64::new(0);
+    let retry_for = Duration::from_secs(args.retry_secs);
     let statuses: Vec<String> = stream::iter(users.into_iter().enumerate())
         .map(|(k, user)| {
-            let (client, url, bar, credentials) = (&client, &url, &bar, &credentials);
+            let (client, url, bar, credentials, retried) =
+                (&client, &url, &bar, &credentials, &retried);
             async move {
                 if let Some(rate) = rate {
                     tokio::time::sleep_until(start + Duration::from_secs_f64(k as f64 / rate))
@@ -981,12 +1015,30 @@ async fn drive_http(
                 if let Some(purchase) = purchase {
                     headers.push(("X-Purchase-Token", purchase.as_str()));
                 }
-                let label = match client.post_json(url, &headers, &body).await {
-                    Ok(res) => {
-                        let json = res.json();
-                        format!("{} {}", res.status, json["status"].as_str().unwrap_or(""))
+                // A buyer whose reservation met an outage (503, or no answer) tries
+                // again with the same request id, as the API asks: the front stage
+                // answers a retried request with its first outcome.
+                let deadline = tokio::time::Instant::now() + retry_for;
+                let label = loop {
+                    let answer = client.post_json(url, &headers, &body).await;
+                    let wait = match &answer {
+                        Ok(res) if res.status == 503 => {
+                            res.retry_after.unwrap_or(Duration::from_secs(1))
+                        }
+                        Ok(_) => Duration::ZERO,
+                        Err(_) => Duration::from_millis(500),
+                    };
+                    if wait.is_zero() || tokio::time::Instant::now() + wait > deadline {
+                        break match answer {
+                            Ok(res) => {
+                                let json = res.json();
+                                format!("{} {}", res.status, json["status"].as_str().unwrap_or(""))
+                            }
+                            Err(e) => format!("error {e}"),
+                        };
                     }
-                    Err(e) => format!("error {e}"),
+                    retried.fetch_add(1, Ordering::Relaxed);
+                    tokio::time::sleep(wait.min(MAX_RETRY_WAIT)).await;
                 };
                 bar.inc(1);
                 label
@@ -1001,8 +1053,11 @@ async fn drive_http(
         *counts.entry(s).or_insert(0) += 1;
     }
     let queued = counts.get("202 QUEUED").copied().unwrap_or(0);
-    Ok((counts, queued))
+    Ok((counts, queued, retried.into_inner()))
 }
+
+/// The longest a retry waits, whatever a `Retry-After` says.
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(5);
 
 /// Before anything is created or published: every order queue must exist, or the
 /// broker would drop (or refuse) what is routed to it. A missing queue means that no
@@ -1049,7 +1104,7 @@ async fn drive_amqp(
     settings: &Settings,
     args: &BenchArgs,
     activity_id: i64,
-) -> anyhow::Result<(BTreeMap<String, u64>, u64)> {
+) -> anyhow::Result<(BTreeMap<String, u64>, u64, u64)> {
     let ids = IdGenerator::new(seckill_engine::domain::ids::MAX_NODE_ID - 1);
     let now = Utc::now();
     let msgs: Vec<OrderCreateMessage> = (1..=i64::from(args.buyers))
@@ -1073,8 +1128,11 @@ async fn drive_amqp(
     order.extend((0..extra).map(|_| rng.random_range(0..msgs.len())));
     order.shuffle(&mut rng);
 
-    let conn = seckill_engine::mq::connect(&settings.amqp, "seckill-bench").await?;
-    let publisher = ConfirmedPublisher::open(&conn).await?;
+    // Reopened after the broker or the connection went (`--retry-secs`).
+    let publisher = Reconnecting::<ConfirmedPublisher>::new(&settings.amqp, "seckill-bench");
+    publisher.get().await?;
+    let retried = AtomicU64::new(0);
+    let retry_for = Duration::from_secs(args.retry_secs);
     let names = Names::new(&settings.amqp.namespace);
     let exchange = names.orders_exchange();
     let bar = ProgressBar::new(order.len() as u64);
@@ -1091,8 +1149,8 @@ async fn drive_amqp(
     let rate = args.rate.filter(|r| *r > 0).map(f64::from);
     stream::iter(order.into_iter().enumerate())
         .for_each_concurrent(args.concurrency, |(k, i)| {
-            let (publisher, exchange, bar, failures, accepted, msgs, bodies) = (
-                &publisher, &exchange, &bar, &failures, &accepted, &msgs, &bodies,
+            let (publisher, exchange, bar, failures, accepted, msgs, bodies, retried) = (
+                &publisher, &exchange, &bar, &failures, &accepted, &msgs, &bodies, &retried,
             );
             async move {
                 if let Some(rate) = rate {
@@ -1118,21 +1176,35 @@ async fn drive_amqp(
                     body,
                     settings.amqp.order_signing_secret.as_ref(),
                 );
-                match publisher
-                    .publish(exchange, &Names::order_routing_key(shard), body, props)
-                    .await
-                {
-                    Ok(_) => accepted[i].store(true, Ordering::Relaxed),
-                    Err(_) => {
-                        failures.fetch_add(1, Ordering::Relaxed);
+                let key = Names::order_routing_key(shard);
+                let deadline = tokio::time::Instant::now() + retry_for;
+                loop {
+                    let sent = match publisher.get().await {
+                        Ok(channel) => channel.publish(exchange, &key, body, props.clone()).await,
+                        Err(e) => Err(e),
+                    };
+                    match sent {
+                        Ok(()) => accepted[i].store(true, Ordering::Relaxed),
+                        // The broker or the link went: the same message again on a
+                        // new connection (a copy it had taken is answered by the
+                        // inbox). A refusal (nack, nowhere to route) is final.
+                        Err(e) if lost_broker(&e) && tokio::time::Instant::now() < deadline => {
+                            retried.fetch_add(1, Ordering::Relaxed);
+                            tokio::time::sleep(Duration::from_millis(200)).await;
+                            continue;
+                        }
+                        Err(_) => {
+                            failures.fetch_add(1, Ordering::Relaxed);
+                        }
                     }
+                    break;
                 }
                 bar.inc(1);
             }
         })
         .await;
     bar.finish_and_clear();
-    seckill_engine::mq::close(&conn, &[publisher.channel()]).await;
+    publisher.close().await;
     let failed = failures.load(Ordering::Relaxed);
     let mut counts = BTreeMap::new();
     counts.insert("published".to_owned(), (msgs.len() + extra) as u64 - failed);
@@ -1143,7 +1215,17 @@ async fn drive_amqp(
         .iter()
         .filter(|a| a.load(Ordering::Relaxed))
         .count();
-    Ok((counts, queued as u64))
+    Ok((counts, queued as u64, retried.into_inner()))
+}
+
+/// Whether a publish failed because the broker or the link to it went (the
+/// connection, the channel, no confirm), not because the broker refused it.
+fn lost_broker(e: &MqError) -> bool {
+    match e {
+        MqError::Amqp(_) | MqError::ConnectTimeout(_) => !e.is_not_found(),
+        MqError::Unconfirmed(_) => e.maybe_queued(),
+        _ => false,
+    }
 }
 
 /// The responses key of publishes the broker did not confirm (amqp mode).
@@ -1238,6 +1320,12 @@ fn print_report(r: &Report) {
     }
     if let Some(gap) = r.max_order_gap_ms {
         println!("  longest order gap  {gap:.0} ms");
+    }
+    if r.retried > 0 {
+        println!(
+            "  retried            {} (after a 503, a cut connection or a lost broker)",
+            r.retried
+        );
     }
     println!("  responses:");
     for (k, v) in &r.responses {

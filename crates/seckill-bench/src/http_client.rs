@@ -24,6 +24,8 @@ pub struct HttpClient {
 /// A whole answer.
 pub struct Response {
     pub status: u16,
+    /// `Retry-After` in seconds, when the answer has one.
+    pub retry_after: Option<Duration>,
     pub body: Bytes,
 }
 
@@ -82,12 +84,22 @@ impl HttpClient {
         let exchange = async {
             let response = self.inner.request(request).await?;
             let status = response.status().as_u16();
+            let retry_after = response
+                .headers()
+                .get(hyper::header::RETRY_AFTER)
+                .and_then(|v| v.to_str().ok())
+                .and_then(|v| v.trim().parse::<u64>().ok())
+                .map(Duration::from_secs);
             let body = Limited::new(response.into_body(), MAX_BODY)
                 .collect()
                 .await
                 .map_err(|e| anyhow::anyhow!("reading the body: {e}"))?
                 .to_bytes();
-            Ok::<_, anyhow::Error>(Response { status, body })
+            Ok::<_, anyhow::Error>(Response {
+                status,
+                retry_after,
+                body,
+            })
         };
         tokio::time::timeout(self.timeout, exchange)
             .await

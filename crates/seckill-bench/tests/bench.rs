@@ -344,3 +344,85 @@ async fn a_crowd_beyond_the_descriptor_limit_cannot_stop_a_sale() {
     assert!(!logged.contains("Too many open files"), "{logged}");
     env.cleanup().await;
 }
+
+/// Issue 51, "tools that survive their drills": the bench rides through its
+/// dependencies' outages. The broker goes away for 4 s (for the engine and the
+/// bench alike) in the middle of a paced amqp run, and Redis (for the front stage)
+/// in the middle of a paced http run, longer than the front stage's Redis timeout
+/// (2 s), so that buyers get 503s. The bench sends again what each outage
+/// stopped (the same message; the same request id after the 503's `Retry-After`),
+/// and both runs sell every unit and print PASS.
+#[actix_rt::test]
+async fn the_bench_rides_through_a_lost_broker_and_a_lost_redis() {
+    use secrecy::ExposeSecret;
+    let base = common::base_settings();
+    let amqp_url = base.amqp.url.expose_secret().to_owned();
+    let redis_url = base.redis.url.expose_secret().to_owned();
+    let broker = common::Switch::start(common::target_of(&amqp_url, 5672)).await;
+    let redis = common::Switch::start(common::target_of(&redis_url, 6379)).await;
+    let env = common::Sale::new()
+        .set("frontstage.rate_limit.per_address_per_s", 0)
+        .set("amqp.url", broker.url_through(&amqp_url))
+        .set("redis.url", redis.url_through(&redis_url))
+        .env()
+        .await;
+    let running_engine = common::engine::EngineHandle::start(&env.settings).await;
+    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
+    let running = seckill_engine::http::front::start(
+        &env.settings,
+        pool,
+        running_engine.ids.clone(),
+        running_engine.readiness.clone(),
+    )
+    .await
+    .unwrap();
+    let handle = running.server.handle();
+    actix_rt::spawn(running.server);
+    let dir = std::env::temp_dir().join(format!("seckill-bench-{}", uuid::Uuid::new_v4()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let db = env.db().await;
+
+    for (mode, activity, switch) in [("amqp", 66_i64, &broker), ("http", 67, &redis)] {
+        let json = dir.join(format!("{mode}.json"));
+        let mut cmd = bench_cmd();
+        // The bench's own links go through the switches too.
+        cmd.env("SECKILL__FRONTSTAGE__RATE_LIMIT__PER_ADDRESS_PER_S", "0")
+            .env("SECKILL__AMQP__URL", broker.url_through(&amqp_url))
+            .env("SECKILL__REDIS__URL", redis.url_through(&redis_url));
+        env_of(&mut cmd, &env)
+            .args(["--mode", mode, "--activity", &activity.to_string()])
+            .args(["--stock", "200", "--buckets", "4", "--buyers", "300"])
+            .args(["--duplicate-ratio", "0", "--concurrency", "16"])
+            // Paced, so that the sale is still selling when the service goes.
+            .args(["--rate", "100", "--settle-timeout", "120", "--url"])
+            .arg(format!("http://{}", running.addr))
+            .arg("--json")
+            .arg(&json);
+        let run = tokio::task::spawn_blocking(move || run(&mut cmd));
+        let sql = format!("SELECT count(*) FROM orders WHERE activity_id = {activity}");
+        let selling = common::wait_until(std::time::Duration::from_secs(60), || async {
+            common::count(&db, &sql).await >= 40
+        })
+        .await;
+        assert!(selling, "{mode}: the sale never got going");
+        switch.set(false);
+        tokio::time::sleep(std::time::Duration::from_secs(4)).await;
+        switch.set(true);
+        let out = run.await.unwrap();
+        eprintln!("{mode}:\n{}", out.text);
+        assert!(out.ok, "{mode}: {}", out.text);
+        assert!(out.text.contains("result: PASS"), "{mode}: {}", out.text);
+        let report: serde_json::Value =
+            serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+        assert_eq!(report["sold"], 200, "{mode}: {}", out.text);
+        assert!(
+            report["retried"].as_u64().unwrap() > 0,
+            "{mode}: the outage stopped nothing? {}",
+            out.text
+        );
+    }
+    handle.stop(true).await;
+    running_engine.stop().await;
+    std::fs::remove_dir_all(dir).unwrap();
+    env.cleanup().await;
+}
