@@ -21,14 +21,22 @@ fn git_commit() -> Option<String> {
             .success()
             .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
     };
+    // Only files that exist: Cargo reruns a build script whose watched file is
+    // missing on every build, and with it rebuilds the engine (a repository
+    // without packed-refs did, each `cargo build` and `cargo run`).
+    let watch = |file: String| {
+        if std::path::Path::new(&file).exists() {
+            println!("cargo:rerun-if-changed={file}");
+        }
+    };
     for path in ["HEAD", "packed-refs"] {
         if let Some(file) = git(&["rev-parse", "--git-path", path]) {
-            println!("cargo:rerun-if-changed={file}");
+            watch(file);
         }
     }
     if let Some(reference) = git(&["symbolic-ref", "-q", "HEAD"]) {
         if let Some(file) = git(&["rev-parse", "--git-path", &reference]) {
-            println!("cargo:rerun-if-changed={file}");
+            watch(file);
         }
     }
     git(&["rev-parse", "--short=12", "HEAD"]).filter(|c| !c.is_empty())
