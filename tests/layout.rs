@@ -618,6 +618,59 @@ fn one_tls_stack_and_one_crypto_provider() {
 }
 
 /// An advisory is ignored only with a reason and a date it expires, and not past it.
+/// The features Cargo resolves for each crate of the engine's tree, with `also`
+/// built beside it (`cargo tree`, offline).
+fn engine_features(also: &[&str]) -> BTreeSet<String> {
+    let mut cmd = std::process::Command::new(env!("CARGO"));
+    cmd.current_dir(root())
+        .args(["tree", "--offline", "-e", "normal", "--prefix", "none"])
+        .args(["-f", "{p} [{f}]", "-p", "seckill-engine"]);
+    for p in also {
+        cmd.args(["-p", p]);
+    }
+    let out = cmd.output().expect("cargo tree");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| l.trim_end_matches(" (*)").to_owned())
+        .collect()
+}
+
+/// One build, one binary (issue 51): building the bench beside the engine (as the
+/// fail-over drill does) must not change the features of any crate the engine is
+/// made of, or Cargo builds a second engine and the next `cargo build` or `cargo
+/// run` a third. The fault suite's `chaos` feature is the one intended difference
+/// (its own target directory).
+#[test]
+fn building_the_bench_beside_the_engine_changes_no_feature_of_it() {
+    let alone = engine_features(&[]);
+    let packages = |set: &BTreeSet<String>| -> BTreeSet<String> {
+        set.iter()
+            .filter_map(|l| l.split(" [").next().map(str::to_owned))
+            .collect()
+    };
+    let engine_packages = packages(&alone);
+    assert!(engine_packages.len() > 100, "{engine_packages:?}");
+    let beside: BTreeSet<String> = engine_features(&["seckill-bench"])
+        .into_iter()
+        .filter(|l| {
+            l.split(" [")
+                .next()
+                .is_some_and(|p| engine_packages.contains(p))
+        })
+        .collect();
+    let changed: Vec<_> = beside.symmetric_difference(&alone).collect();
+    assert!(
+        changed.is_empty(),
+        "the bench changes the features of crates the engine uses (declare them in \
+         the engine's Cargo.toml too): {changed:#?}"
+    );
+}
+
 #[test]
 fn every_ignored_advisory_has_a_reason_and_has_not_expired() {
     let deny = std::fs::read_to_string(root().join("deny.toml")).unwrap();
