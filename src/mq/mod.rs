@@ -53,6 +53,27 @@ impl MqError {
     pub fn is_not_found(&self) -> bool {
         matches!(self, MqError::Amqp(e) if is_404(e))
     }
+
+    /// The broker refused what was asked (access refused, not found, precondition
+    /// failed, a nack, nowhere to route): sending it again changes nothing. Every
+    /// other error is the link or the broker going (a closed connection, 320
+    /// CONNECTION_FORCED from a broker shutting down, no answer in time).
+    pub fn is_refusal(&self) -> bool {
+        let refused = |e: &lapin::Error| {
+            matches!(e.kind(), lapin::ErrorKind::ProtocolError(amqp)
+                if [403, 404, 406].contains(&amqp.get_id()))
+        };
+        match self {
+            MqError::Amqp(e) | MqError::Unconfirmed(e) => refused(e),
+            MqError::ConnectTimeout(_) => false,
+            // A certificate the configured authority did not sign stays unsigned.
+            MqError::Tls(..)
+            | MqError::Nacked
+            | MqError::Unroutable { .. }
+            | MqError::BadUrl(_)
+            | MqError::TlsFiles(..) => true,
+        }
+    }
 }
 
 fn is_404(e: &lapin::Error) -> bool {

@@ -1221,11 +1221,7 @@ async fn drive_amqp(
 /// Whether a publish failed because the broker or the link to it went (the
 /// connection, the channel, no confirm), not because the broker refused it.
 fn lost_broker(e: &MqError) -> bool {
-    match e {
-        MqError::Amqp(_) | MqError::ConnectTimeout(_) => !e.is_not_found(),
-        MqError::Unconfirmed(_) => e.maybe_queued(),
-        _ => false,
-    }
+    !e.is_refusal()
 }
 
 /// The responses key of publishes the broker did not confirm (amqp mode).
