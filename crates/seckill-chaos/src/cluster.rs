@@ -68,7 +68,10 @@ impl Cluster {
     }
 
     pub fn pg_url(&self, db: &str) -> String {
-        format!("postgres://postgres@127.0.0.1:{}/{db}", self.pg_port)
+        format!(
+            "postgres://postgres@127.0.0.1:{}/{db}?sslmode=disable",
+            self.pg_port
+        )
     }
     pub fn amqp_url(&self) -> String {
         format!("amqp://guest:guest@127.0.0.1:{}/%2f", self.amqp_port)
