@@ -86,6 +86,14 @@ pub async fn start(
             .route("/metrics", web::get().to(metrics))
             .route("/openapi.json", web::get().to(openapi_json))
             .configure(super::operations::routes)
+            // An unknown path (or method) gets the listener's JSON error, not an
+            // empty body.
+            .default_service(web::to(|| async {
+                admin_error(
+                    HttpResponse::NotFound(),
+                    "no such endpoint: see GET /openapi.json",
+                )
+            }))
     })
     .workers(1)
     .max_connections(super::ADMIN_MAX_CONNECTIONS)

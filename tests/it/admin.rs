@@ -93,8 +93,21 @@ fn with_token(f: figment::Figment) -> figment::Figment {
 async fn admin_api_is_off_without_a_token_and_refuses_requests_without_it() {
     let env = TestEnv::new().await;
     let (engine, handle, off) = start(&env.settings).await;
-    let (status, _) = off.call("GET", "/admin/dlq", Some(TOKEN), None).await;
+    let (status, body) = off.call("GET", "/admin/dlq", Some(TOKEN), None).await;
     assert_eq!(status, StatusCode::NOT_FOUND, "no token configured: off");
+    assert!(body["error"].as_str().is_some(), "{body}");
+    // A path (or method) the listener does not have: its JSON error, not an empty
+    // body.
+    for (method, path) in [("GET", "/nope"), ("POST", "/livez")] {
+        let (status, body) = off.call(method, path, None, None).await;
+        assert_eq!(status, StatusCode::NOT_FOUND, "{method} {path}");
+        assert!(
+            body["error"]
+                .as_str()
+                .is_some_and(|e| e.contains("openapi.json")),
+            "{method} {path}: {body}"
+        );
+    }
     handle.stop(true).await;
 
     let mut settings = env.settings.clone();
