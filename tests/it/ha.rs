@@ -763,15 +763,7 @@ async fn history_reads_use_a_fresh_replica_and_never_go_back_in_time() {
     builders::activity(&mut db, 6, 1, 10, 1).await;
     builders::activity(&mut db, 7, 1, 10, 1).await;
     let engine = EngineHandle::start(&env.settings).await;
-    let pool = store::build_pool(&env.settings.database).expect("pool");
-    let running = seckill_engine::http::front::start(
-        &env.settings,
-        pool,
-        engine.ids.clone(),
-        engine.readiness.clone(),
-    )
-    .await
-    .expect("front stage");
+    let running = engine.front(&env.settings).await;
     let handle = running.server.handle();
     actix_rt::spawn(running.server);
     let addr = running.addr;

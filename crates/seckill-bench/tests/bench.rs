@@ -32,15 +32,7 @@ async fn bench_sells_out_through_both_paths_with_clean_invariants() {
         .env()
         .await;
     let running_engine = common::engine::EngineHandle::start(&env.settings).await;
-    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
-    let running = seckill_engine::http::front::start(
-        &env.settings,
-        pool,
-        running_engine.ids.clone(),
-        running_engine.readiness.clone(),
-    )
-    .await
-    .unwrap();
+    let running = running_engine.front(&env.settings).await;
     let handle = running.server.handle();
     actix_rt::spawn(running.server);
     let dir = std::env::temp_dir().join(format!("seckill-bench-{}", uuid::Uuid::new_v4()));
@@ -360,22 +352,15 @@ async fn the_bench_rides_through_a_lost_broker_and_a_lost_redis() {
     let redis_url = base.redis.url.expose_secret().to_owned();
     let broker = common::Switch::start(common::target_of(&amqp_url, 5672)).await;
     let redis = common::Switch::start(common::target_of(&redis_url, 6379)).await;
+    let (amqp_url, redis_url) = (broker.url_through(&amqp_url), redis.url_through(&redis_url));
     let env = common::Sale::new()
         .set("frontstage.rate_limit.per_address_per_s", 0)
-        .set("amqp.url", broker.url_through(&amqp_url))
-        .set("redis.url", redis.url_through(&redis_url))
+        .set("amqp.url", amqp_url.clone())
+        .set("redis.url", redis_url.clone())
         .env()
         .await;
     let running_engine = common::engine::EngineHandle::start(&env.settings).await;
-    let pool = seckill_engine::store::build_pool(&env.settings.database).unwrap();
-    let running = seckill_engine::http::front::start(
-        &env.settings,
-        pool,
-        running_engine.ids.clone(),
-        running_engine.readiness.clone(),
-    )
-    .await
-    .unwrap();
+    let running = running_engine.front(&env.settings).await;
     let handle = running.server.handle();
     actix_rt::spawn(running.server);
     let dir = std::env::temp_dir().join(format!("seckill-bench-{}", uuid::Uuid::new_v4()));
@@ -387,8 +372,8 @@ async fn the_bench_rides_through_a_lost_broker_and_a_lost_redis() {
         let mut cmd = bench_cmd();
         // The bench's own links go through the switches too.
         cmd.env("SECKILL__FRONTSTAGE__RATE_LIMIT__PER_ADDRESS_PER_S", "0")
-            .env("SECKILL__AMQP__URL", broker.url_through(&amqp_url))
-            .env("SECKILL__REDIS__URL", redis.url_through(&redis_url));
+            .env("SECKILL__AMQP__URL", &amqp_url)
+            .env("SECKILL__REDIS__URL", &redis_url);
         env_of(&mut cmd, &env)
             .args(["--mode", mode, "--activity", &activity.to_string()])
             .args(["--stock", "200", "--buckets", "4", "--buyers", "300"])

@@ -78,6 +78,15 @@ impl EngineHandle {
         .expect("admin listener")
     }
 
+    /// A front stage beside this engine (its id generator and readiness, a pool of
+    /// its own), on a free port; the caller serves it (`actix_rt::spawn`).
+    pub async fn front(&self, settings: &Settings) -> seckill_engine::http::Running {
+        let pool = seckill_engine::store::build_pool(&settings.database).expect("pool");
+        seckill_engine::http::front::start(settings, pool, self.ids.clone(), self.readiness.clone())
+            .await
+            .expect("front stage")
+    }
+
     /// Closes the AMQP connection cleanly and ends the engine's thread.
     pub async fn stop(mut self) {
         if let Some(stop) = self.stop.take() {
