@@ -7,6 +7,10 @@ pub mod health;
 pub mod keys;
 pub mod scripts;
 
+use std::cell::RefCell;
+use std::rc::Rc;
+use std::time::{Duration, Instant};
+
 use secrecy::ExposeSecret;
 
 use crate::config::RedisSettings;
@@ -71,29 +75,57 @@ pub async fn master_client(
 #[derive(Clone)]
 pub struct MasterLink {
     settings: std::sync::Arc<RedisSettings>,
-    current: std::sync::Arc<std::sync::RwLock<(String, ::redis::aio::ConnectionManager)>>,
+    current: std::sync::Arc<std::sync::RwLock<Master>>,
+}
+
+/// The master as last followed: its address, its client (for more connections to
+/// it, `WorkerLink`), the shared connection, and how many times the link moved.
+struct Master {
+    address: String,
+    client: ::redis::Client,
+    conn: ::redis::aio::ConnectionManager,
+    epoch: u64,
 }
 
 impl MasterLink {
     pub async fn open(settings: &RedisSettings) -> Result<Self, ::redis::RedisError> {
         let client = master_client(settings).await?;
         let address = client.get_connection_info().addr().to_string();
-        let conn = connect_managed(client)
+        let conn = connect_managed(client.clone())
             .await
             .map_err(|e| in_tls(settings, e))?;
         Ok(Self {
             settings: std::sync::Arc::new(settings.clone()),
-            current: std::sync::Arc::new(std::sync::RwLock::new((address, conn))),
+            current: std::sync::Arc::new(std::sync::RwLock::new(Master {
+                address,
+                client,
+                conn,
+                epoch: 0,
+            })),
         })
+    }
+
+    fn master(&self) -> std::sync::RwLockReadGuard<'_, Master> {
+        self.current
+            .read()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// The connection to the master as last followed.
     pub fn conn(&self) -> ::redis::aio::ConnectionManager {
-        self.current
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .1
-            .clone()
+        self.master().conn.clone()
+    }
+
+    /// The master's client and how many times the link has moved so far: a
+    /// connection opened with this client is current until the epoch changes.
+    fn client(&self) -> (u64, ::redis::Client) {
+        let master = self.master();
+        (master.epoch, master.client.clone())
+    }
+
+    /// How many times the link has moved to another master.
+    fn epoch(&self) -> u64 {
+        self.master().epoch
     }
 
     /// In Sentinel mode: asks the sentinels which server is the master and, when it
@@ -105,21 +137,105 @@ impl MasterLink {
         }
         let client = master_client(&self.settings).await?;
         let address = client.get_connection_info().addr().to_string();
-        let known = self
-            .current
-            .read()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .0
-            .clone();
-        if address == known {
+        if address == self.master().address {
             return Ok(None);
         }
-        let conn = connect_managed(client).await?;
-        *self
+        let conn = connect_managed(client.clone()).await?;
+        let mut master = self
             .current
             .write()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = (address.clone(), conn);
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *master = Master {
+            address: address.clone(),
+            client,
+            conn,
+            epoch: master.epoch + 1,
+        };
         Ok(Some(address))
+    }
+}
+
+/// After a failed attempt, the worker uses the shared connection this long before
+/// it tries to open its own again (a Redis outage must not cost a connect per
+/// request).
+const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The worker's own connection, and whether one is being opened.
+enum Slot {
+    Unopened,
+    Opening,
+    /// Opened to the master of this `MasterLink` epoch.
+    Open(u64, ::redis::aio::ConnectionManager),
+    Failed(Instant),
+}
+
+/// A worker thread's own connection to the master that a `MasterLink` follows.
+///
+/// The front stage's HTTP workers each run a single-threaded runtime. A command sent
+/// through the shared `MasterLink` connection is written and answered by the thread
+/// that drives that connection: two thread wake-ups per command, on a path that
+/// sends about one command per request (docs/BENCHMARKS.md, "CPU per order"). A
+/// connection opened on the worker is driven by the worker itself, between its
+/// requests. The shared connection stays the fallback: while the worker's own is
+/// being opened, after it could not be, and before the first request.
+///
+/// Made once per worker (in the HTTP server's app factory) and used only on that
+/// worker's thread: it opens its connection with `tokio::task::spawn_local`, so it
+/// needs the worker's `LocalSet`, which every actix-web handler runs in.
+pub struct WorkerLink {
+    link: MasterLink,
+    slot: Rc<RefCell<Slot>>,
+}
+
+impl WorkerLink {
+    pub fn new(link: MasterLink) -> Self {
+        Self {
+            link,
+            slot: Rc::new(RefCell::new(Slot::Unopened)),
+        }
+    }
+
+    /// The worker's own connection when it is open to the current master; otherwise
+    /// the shared one, and the worker's own is opened in the background. A Sentinel
+    /// fail-over (`MasterLink::follow`) makes the worker open a new one.
+    pub fn conn(&self) -> ::redis::aio::ConnectionManager {
+        let epoch = self.link.epoch();
+        let open_now = {
+            let mut slot = self.slot.borrow_mut();
+            match &*slot {
+                Slot::Open(opened, conn) if *opened == epoch => return conn.clone(),
+                Slot::Opening => false,
+                Slot::Failed(at) if at.elapsed() < RETRY_AFTER => false,
+                Slot::Open(..) | Slot::Failed(_) | Slot::Unopened => {
+                    *slot = Slot::Opening;
+                    true
+                }
+            }
+        };
+        if open_now {
+            self.open();
+        }
+        self.link.conn()
+    }
+
+    fn open(&self) {
+        let (epoch, client) = self.link.client();
+        let slot = Rc::clone(&self.slot);
+        tokio::task::spawn_local(async move {
+            let next = match connect_managed(client).await {
+                Ok(conn) => Slot::Open(epoch, conn),
+                Err(e) => {
+                    tracing::debug!(error = %e, "a worker's own Redis connection did not open; it uses the shared one");
+                    Slot::Failed(Instant::now())
+                }
+            };
+            *slot.borrow_mut() = next;
+        });
+    }
+
+    /// Whether the worker's own connection is open (tests).
+    pub fn is_open(&self) -> bool {
+        matches!(&*self.slot.borrow(), Slot::Open(..))
     }
 }
 
@@ -172,7 +288,7 @@ fn in_tls(settings: &RedisSettings, e: ::redis::RedisError) -> ::redis::RedisErr
 }
 
 /// How long a long-lived connection waits for one answer, and to connect.
-const MANAGED_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(2);
+const MANAGED_TIMEOUT: Duration = Duration::from_secs(2);
 
 /// Opens a connection that reconnects by itself after the server closed it (the
 /// crate's `ConnectionManager`): the call that saw the break fails, and the ones
@@ -185,7 +301,7 @@ async fn connect_managed(
     let config = ::redis::aio::ConnectionManagerConfig::new()
         .set_connection_timeout(Some(MANAGED_TIMEOUT))
         .set_response_timeout(Some(MANAGED_TIMEOUT))
-        .set_max_delay(std::time::Duration::from_millis(500));
+        .set_max_delay(Duration::from_millis(500));
     ::redis::aio::ConnectionManager::new_with_config(client, config).await
 }
 
@@ -219,7 +335,7 @@ pub async fn timed<T>(
     command: &'static str,
     call: impl std::future::Future<Output = Result<T, ::redis::RedisError>>,
 ) -> Result<T, ::redis::RedisError> {
-    let started = std::time::Instant::now();
+    let started = Instant::now();
     let result = call.await;
     metrics::histogram!(crate::telemetry::names::REDIS_COMMAND_DURATION_SECONDS, "command" => command)
         .record(started.elapsed().as_secs_f64());

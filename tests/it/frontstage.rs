@@ -1568,3 +1568,36 @@ async fn slow_heads_and_bodies_are_cut_off_at_their_deadlines() {
     engine.stop().await;
     env.cleanup().await;
 }
+
+/// `redis::WorkerLink`, the front stage's per-worker Redis connection: until its own
+/// connection is open a worker's calls go through the shared one; then through its
+/// own (another Redis client), which it keeps.
+#[actix_rt::test]
+async fn a_worker_link_opens_its_own_redis_connection_and_keeps_it() {
+    let settings = crate::common::base_settings();
+    let link = seckill_engine::redis::MasterLink::open(&settings.redis)
+        .await
+        .unwrap();
+    let worker = seckill_engine::redis::WorkerLink::new(link.clone());
+    let client_id = |mut conn: ::redis::aio::ConnectionManager| async move {
+        ::redis::cmd("CLIENT")
+            .arg("ID")
+            .query_async::<i64>(&mut conn)
+            .await
+            .unwrap()
+    };
+    let shared = client_id(link.conn()).await;
+    assert_eq!(
+        client_id(worker.conn()).await,
+        shared,
+        "before its own is open"
+    );
+    crate::common::wait_for(HANG, "the worker's own Redis connection", || async {
+        worker.is_open()
+    })
+    .await;
+    let own = client_id(worker.conn()).await;
+    assert_ne!(own, shared);
+    assert_eq!(client_id(worker.conn()).await, own);
+    assert_eq!(client_id(link.conn()).await, shared);
+}

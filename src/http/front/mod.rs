@@ -31,6 +31,7 @@ use super::openapi::SecuritySchemes;
 use super::{HttpError, Running};
 use crate::config::Settings;
 use crate::domain::ids::IdGenerator;
+use crate::redis::WorkerLink;
 use crate::status::Readiness;
 use crate::store::Pool;
 use state::FrontStage;
@@ -176,8 +177,12 @@ pub async fn start(
     );
     let deadlines = super::Deadlines::new(&settings.frontstage.limits);
     let server = HttpServer::new(move || {
+        // Made on each worker's own thread: its Redis calls go through a connection
+        // that worker drives (`redis::WorkerLink`).
+        let worker = web::Data::new(WorkerLink::new(state.redis.clone()));
         App::new()
             .app_data(state.clone())
+            .app_data(worker)
             .app_data(web::PayloadConfig::new(reserve::MAX_BODY_BYTES))
             .configure(routes)
     })

@@ -13,6 +13,7 @@ use super::state::FrontStage;
 use crate::domain::purchase_token::{self, InvalidToken, PurchaseClaims};
 use crate::redis::commands;
 use crate::redis::keys::SkuKeys;
+use crate::redis::WorkerLink;
 
 /// The purchase token a reservation presents.
 pub(super) const PURCHASE_TOKEN: &str = "X-Purchase-Token";
@@ -97,6 +98,7 @@ pub(super) fn check_purchase_token(
 pub(super) async fn purchase_token_for(
     Buyer(user_id): Buyer,
     front: web::Data<FrontStage>,
+    worker: web::Data<WorkerLink>,
     path: web::Path<(i64, i64)>,
 ) -> HttpResponse {
     let (activity_id, sku_id) = path.into_inner();
@@ -122,7 +124,7 @@ pub(super) async fn purchase_token_for(
         return Problem::new(ProblemStatus::SaleClosed).answer(HttpResponse::Conflict());
     }
     let keys = SkuKeys::new(&front.key_prefix, activity_id, sku_id);
-    let mut redis = front.redis.conn();
+    let mut redis = worker.conn();
     let max_per_user = front.settings.purchase_token.max_per_user;
     match commands::count_purchase_token(&mut redis, &keys, user_id, sku.end_at.timestamp_millis())
         .await

@@ -6,6 +6,7 @@
 
 use actix_web::{web, HttpRequest, HttpResponse};
 use chrono::{DateTime, TimeDelta, Utc};
+use redis::aio::ConnectionManager;
 use serde::Deserialize;
 use uuid::Uuid;
 
@@ -23,6 +24,7 @@ use crate::mq::topology::Names;
 use crate::redis::commands;
 use crate::redis::keys::{PendingMember, SkuKeys};
 use crate::redis::scripts::{self, ReserveCall, Reserved};
+use crate::redis::WorkerLink;
 use crate::store::reads::SkuInfo;
 use crate::store::reconcile;
 
@@ -113,6 +115,7 @@ const PUBLISH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
 pub(super) async fn reserve(
     Buyer(user_id): Buyer,
     front: web::Data<FrontStage>,
+    worker: web::Data<WorkerLink>,
     http: HttpRequest,
     path: web::Path<(i64, i64)>,
     payload: web::Payload,
@@ -144,8 +147,9 @@ pub(super) async fn reserve(
         return conflict(ProblemStatus::NotActive);
     }
     let keys = SkuKeys::new(&front.key_prefix, activity_id, sku_id);
+    let mut redis = worker.conn();
     if front.skus.known_sold_out((activity_id, sku_id)) {
-        return replay_or_sold_out(&front, &keys, user_id, &req.request_id).await;
+        return replay_or_sold_out(&mut redis, &keys, user_id, &req.request_id).await;
     }
     let reservation_id = Uuid::now_v7();
     let Ok(order_id) = front.ids.next_id() else {
@@ -164,7 +168,6 @@ pub(super) async fn reserve(
         request_ttl_secs: front.settings.request_ttl_secs,
         sale_end_ms: sku.end_at.timestamp_millis(),
     };
-    let mut redis = front.redis.conn();
     let answer = match scripts::reserve(&mut redis, &keys, sku.buckets, &call).await {
         Ok(Reserved::Ok(answer)) => answer,
         Ok(Reserved::Replay(answer)) => return accepted(&answer),
@@ -194,7 +197,7 @@ pub(super) async fn reserve(
     );
     match publish(&front, &msg).await {
         Ok(()) => {
-            mark_queued(&front, &msg, ttl_ms).await;
+            mark_queued(&mut redis, &front, &msg, ttl_ms).await;
             accepted(&answer)
         }
         Err(Published::Unknown(e)) => {
@@ -203,7 +206,7 @@ pub(super) async fn reserve(
             // the reconciler releases it in PostgreSQL and gives the unit back after
             // its TTL. A retry of the same request replays the 202.
             tracing::warn!(error = %e, message_id = %msg.message_id, %reservation_id, order_id, "order message sent but not confirmed; the reservation is kept for reconciliation");
-            mark_queued(&front, &msg, ttl_ms).await;
+            mark_queued(&mut redis, &front, &msg, ttl_ms).await;
             unavailable_with(Problem {
                 reservation_id: Some(reservation_id),
                 ..Problem::new(ProblemStatus::Unavailable).error(
@@ -227,13 +230,12 @@ pub(super) async fn reserve(
 /// Sold out a moment ago: one read, so that a retried request still gets its first
 /// answer, instead of the script over every bucket.
 async fn replay_or_sold_out(
-    front: &FrontStage,
+    redis: &mut ConnectionManager,
     keys: &SkuKeys,
     user_id: i64,
     request_id: &Uuid,
 ) -> HttpResponse {
-    let mut redis = front.redis.conn();
-    match commands::request_answer(&mut redis, keys, user_id, request_id).await {
+    match commands::request_answer(redis, keys, user_id, request_id).await {
         Ok(Some(answer)) => accepted(&answer),
         Ok(None) => {
             metrics::counter!(crate::telemetry::names::SOLD_OUT_FROM_MEMORY_TOTAL).increment(1);
@@ -281,10 +283,14 @@ fn order_message(
 }
 
 /// Lets the status query tell a queued reservation from an unknown one.
-async fn mark_queued(front: &FrontStage, msg: &OrderCreateMessage, ttl_ms: i64) {
-    let mut redis = front.redis.conn();
+async fn mark_queued(
+    redis: &mut ConnectionManager,
+    front: &FrontStage,
+    msg: &OrderCreateMessage,
+    ttl_ms: i64,
+) {
     let _ = commands::mark_queued(
-        &mut redis,
+        redis,
         &front.key_prefix,
         &msg.reservation_id,
         (msg.activity_id, msg.sku_id, msg.user_id),
