@@ -31,6 +31,7 @@ enum Mode {
         validation: Box<Validation>,
         /// `frontstage.auth.max_lifetime_secs`.
         max_lifetime_secs: u64,
+        verified: Verified,
     },
     Gateway {
         header: HeaderName,
@@ -67,6 +68,89 @@ struct Claims {
     exp: u64,
     #[serde(default)]
     iat: Option<u64>,
+    #[serde(default)]
+    nbf: Option<u64>,
+}
+
+/// How many verified tokens are remembered: at about 50 bytes each, under 10 MiB.
+const VERIFIED_CAPACITY: usize = 200_000;
+
+/// The tokens this front stage has verified. A buyer sends the same JWT with each
+/// request (the purchase token, the reservation, the reads); decoding and checking
+/// it took about 5 % of the engine's CPU in the demo sale, and an RS256 or ES256
+/// signature costs several times an HS256 one. What holds for a token's whole life
+/// is remembered: its signature, algorithm, audience, issuer and lifetime were good
+/// and it names this user. `exp` and `nbf` are checked again at every use.
+///
+/// Keyed by a 128-bit SipHash-2-4 of the whole token under a key drawn at start:
+/// without the key nobody can make another token that lands on a remembered one.
+/// When full, the expired entries go and, if that frees nothing, all of them: each
+/// token is then verified once more.
+struct Verified {
+    hasher: siphasher::sip128::SipHasher24,
+    entries: std::sync::Mutex<std::collections::HashMap<u128, Known>>,
+}
+
+/// A verified token: its user, and its `exp` and `nbf` (seconds).
+#[derive(Clone, Copy)]
+struct Known {
+    user: i64,
+    exp: u64,
+    nbf: Option<u64>,
+}
+
+impl Verified {
+    fn new() -> Self {
+        Self {
+            hasher: siphasher::sip128::SipHasher24::new_with_keys(rand::random(), rand::random()),
+            entries: std::sync::Mutex::new(std::collections::HashMap::new()),
+        }
+    }
+
+    fn entries(&self) -> std::sync::MutexGuard<'_, std::collections::HashMap<u128, Known>> {
+        // Plain map inserts and removals: nothing half-written to recover from.
+        self.entries
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn key(&self, token: &str) -> u128 {
+        siphasher::sip128::Hasher128::finish128(&{
+            let mut h = self.hasher;
+            std::hash::Hasher::write(&mut h, token.as_bytes());
+            h
+        })
+        .as_u128()
+    }
+
+    /// The user of a token verified before, if it is still within `exp` and `nbf`
+    /// (with `leeway`); otherwise `None`, and the token is verified in full.
+    fn user(&self, key: u128, now: u64, leeway: u64) -> Option<i64> {
+        let known = *self.entries().get(&key)?;
+        let expired = known.exp < now.saturating_sub(leeway);
+        let early = known
+            .nbf
+            .is_some_and(|nbf| nbf > now.saturating_add(leeway));
+        (!expired && !early).then_some(known.user)
+    }
+
+    fn remember(&self, key: u128, known: Known, now: u64) {
+        let mut entries = self.entries();
+        if entries.len() >= VERIFIED_CAPACITY {
+            entries.retain(|_, k| k.exp >= now);
+            if entries.len() >= VERIFIED_CAPACITY {
+                entries.clear();
+            }
+        }
+        entries.insert(key, known);
+    }
+
+    /// Drops the tokens that have expired.
+    fn forget_expired(&self, now: u64) {
+        let mut entries = self.entries();
+        entries.retain(|_, k| k.exp >= now);
+        entries.shrink_to_fit();
+    }
 }
 
 /// What jsonwebtoken checks of a token: the signature with `algorithm`, `exp` and
@@ -143,6 +227,7 @@ impl Authenticator {
                     key,
                     validation: Box::new(validation(settings, algorithm)),
                     max_lifetime_secs: settings.max_lifetime_secs,
+                    verified: Verified::new(),
                 }
             }
             AuthMode::Gateway => Mode::Gateway {
@@ -163,6 +248,7 @@ impl Authenticator {
                 key,
                 validation,
                 max_lifetime_secs,
+                verified,
             } => {
                 let token = req
                     .headers()
@@ -174,10 +260,22 @@ impl Authenticator {
                     })
                     .map(str::trim)
                     .ok_or(AuthError::Missing)?;
+                let now = now_secs();
+                let remembered = verified.key(token);
+                if let Some(user) = verified.user(remembered, now, validation.leeway) {
+                    return Ok(user);
+                }
                 let data = jsonwebtoken::decode::<Claims>(token, key, validation)
                     .map_err(|e| AuthError::Invalid(e.to_string()))?;
-                check_lifetime(&data.claims, *max_lifetime_secs, now_secs())?;
-                parse_user(&data.claims.sub)
+                check_lifetime(&data.claims, *max_lifetime_secs, now)?;
+                let user = parse_user(&data.claims.sub)?;
+                let known = Known {
+                    user,
+                    exp: data.claims.exp,
+                    nbf: data.claims.nbf,
+                };
+                verified.remember(remembered, known, now);
+                Ok(user)
             }
             Mode::Gateway { header, trusted } => {
                 let peer = req.peer_addr().map(|a| a.ip());
@@ -187,6 +285,16 @@ impl Authenticator {
                 header_user(req, header)
             }
             Mode::Unchecked { header } => header_user(req, header),
+        }
+    }
+}
+
+impl Authenticator {
+    /// Forgets the verified tokens that have expired (the front stage's periodic
+    /// shrink).
+    pub fn forget_expired(&self) {
+        if let Mode::Jwt { verified, .. } = &self.mode {
+            verified.forget_expired(now_secs());
         }
     }
 }
@@ -408,6 +516,75 @@ mod tests {
                 "{claim}"
             );
         }
+    }
+
+    /// A verified token is answered from memory, but still held to its `exp` and
+    /// `nbf` at every use; a token that differs in any byte is verified anew.
+    #[test]
+    fn a_remembered_token_is_still_held_to_its_time() {
+        let now = now_secs();
+        let auth = Authenticator::new(&settings(AuthMode::Jwt)).unwrap();
+        let Mode::Jwt { verified, .. } = &auth.mode else {
+            unreachable!()
+        };
+        let token = signed(json!({"sub": "5", "exp": now + 60}));
+        assert_eq!(auth.user(&bearer(&token)).unwrap(), 5);
+        let key = verified.key(&token);
+        assert_eq!(verified.user(key, now, 30), Some(5));
+        assert_eq!(verified.entries().len(), 1);
+        // Past `exp` beyond the leeway, or before `nbf`: not from memory.
+        assert_eq!(verified.user(key, now + 60 + 31, 30), None);
+        assert_eq!(verified.user(key, now + 60 + 29, 30), Some(5));
+        let early = Known {
+            user: 6,
+            exp: now + 600,
+            nbf: Some(now + 100),
+        };
+        verified.remember(1, early, now);
+        assert_eq!(verified.user(1, now, 30), None);
+        assert_eq!(verified.user(1, now + 71, 30), Some(6));
+        // Another signature on the same claims: refused, not taken from memory.
+        let at = token.len() - 10;
+        let was = &token[at..=at];
+        let forged = format!(
+            "{}{}{}",
+            &token[..at],
+            if was == "A" { "B" } else { "A" },
+            &token[at + 1..]
+        );
+        assert!(matches!(
+            auth.user(&bearer(&forged)),
+            Err(AuthError::Invalid(_))
+        ));
+        // The periodic shrink forgets what expired, and only that.
+        let gone = Known {
+            user: 7,
+            exp: now - 1,
+            nbf: None,
+        };
+        verified.remember(2, gone, now);
+        auth.forget_expired();
+        assert_eq!(verified.user(2, now - 5, 30), None);
+        assert_eq!(verified.user(key, now, 30), Some(5));
+    }
+
+    /// Full, the memory drops what expired and, when that frees nothing, everything.
+    #[test]
+    fn the_memory_of_verified_tokens_is_bounded() {
+        let now = now_secs();
+        let verified = Verified::new();
+        let live = |user| Known {
+            user,
+            exp: now + 60,
+            nbf: None,
+        };
+        for n in 0..VERIFIED_CAPACITY as u128 {
+            verified.remember(n, live(1), now);
+        }
+        assert_eq!(verified.entries().len(), VERIFIED_CAPACITY);
+        verified.remember(u128::MAX, live(2), now);
+        assert_eq!(verified.entries().len(), 1);
+        assert_eq!(verified.user(u128::MAX, now, 0), Some(2));
     }
 
     #[test]

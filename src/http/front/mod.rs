@@ -36,7 +36,8 @@ use crate::status::Readiness;
 use crate::store::Pool;
 use state::FrontStage;
 
-/// How often the rate limiters and the SKU cache forget what is no longer needed.
+/// How often the rate limiters, the verified tokens and the SKU cache forget what is
+/// no longer needed.
 const SHRINK_INTERVAL: Duration = Duration::from_secs(10);
 
 /// The front stage's OpenAPI document (`http::openapi`).
@@ -227,14 +228,15 @@ fn watch(front: Weak<FrontStage>) {
             }
         }
     });
-    // The limiters forget keys that have fully recovered and the SKU cache the sales
-    // that ended, so a sale's hundreds of thousands of buyers, and sale after sale,
+    // The limiters forget keys that have fully recovered, the authenticator the
+    // tokens that expired and the SKU cache the sales that ended, so a sale's hundreds of thousands of buyers, and sale after sale,
     // do not stay in memory.
     actix_rt::spawn(async move {
         loop {
             tokio::time::sleep(SHRINK_INTERVAL).await;
             let Some(front) = front.upgrade() else { break };
             front.limits.shrink();
+            front.auth.forget_expired();
             front.skus.evict(chrono::Utc::now());
         }
     });
