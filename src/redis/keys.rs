@@ -40,7 +40,20 @@ impl SkuKeys {
     }
 
     pub fn stock(&self, bucket: i16) -> String {
-        format!("{}:stock:{bucket}", self.base)
+        let mut key = String::with_capacity(self.base.len() + 12);
+        self.stock_into(bucket, &mut key);
+        key
+    }
+
+    /// `stock(bucket)` written into `key` (cleared first): the reserve script names
+    /// every bucket's key on each call, and one buffer reused for all of them costs
+    /// no allocation per key.
+    pub fn stock_into(&self, bucket: i16, key: &mut String) {
+        use std::fmt::Write;
+        key.clear();
+        key.push_str(&self.base);
+        key.push_str(":stock:");
+        let _ = write!(key, "{bucket}");
     }
 
     pub fn bucket_count(&self) -> String {

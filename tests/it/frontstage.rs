@@ -96,6 +96,55 @@ async fn the_reserve_script_sells_exactly_the_stock_to_distinct_users() {
     env.cleanup().await;
 }
 
+/// The reserve script is sent by its hash (EVALSHA); a server that has lost it
+/// (`SCRIPT FLUSH`, a restart) is sent the script again and the call succeeds. On a
+/// Redis of the test's own: a flush of the shared one would reach the other tests.
+#[actix_rt::test]
+async fn the_reserve_script_is_loaded_again_on_a_server_that_lost_it() {
+    let private = crate::common::PrivateRedis::start().await;
+    let mut redis = ::redis::Client::open(private.url())
+        .unwrap()
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap();
+    let keys = SkuKeys::new("seckill-noscript", 53, 1);
+    seckill_engine::redis::load_stock(&mut redis, &keys, &[1, 1], crate::common::sale_end())
+        .await
+        .unwrap();
+    let scripts_conn = redis.clone();
+    let reserve = |user: i64| {
+        let (mut redis, keys) = (scripts_conn.clone(), keys.clone());
+        async move {
+            scripts::reserve(
+                &mut redis,
+                &keys,
+                2,
+                &ReserveCall {
+                    user_id: user,
+                    request_id: Uuid::now_v7(),
+                    reservation_id: Uuid::now_v7(),
+                    order_id: user,
+                    order_no: "S1",
+                    expires_at_ms: Utc::now().timestamp_millis() + 60_000,
+                    request_ttl_secs: 60,
+                    sale_end_ms: crate::common::sale_end().timestamp_millis(),
+                },
+            )
+            .await
+            .unwrap()
+        }
+    };
+    assert!(matches!(reserve(1).await, Reserved::Ok(_)));
+    let _: () = ::redis::cmd("SCRIPT")
+        .arg("FLUSH")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(matches!(reserve(2).await, Reserved::Ok(_)));
+    assert!(matches!(reserve(3).await, Reserved::SoldOut));
+    assert_eq!(redis_stocks(&mut redis, &keys, 2).await, vec![0, 0]);
+}
+
 #[tokio::test]
 async fn an_empty_bucket_never_reads_as_sold_out_while_another_has_stock() {
     let env = TestEnv::new().await;
