@@ -49,11 +49,10 @@ impl SkuKeys {
     /// every bucket's key on each call, and one buffer reused for all of them costs
     /// no allocation per key.
     pub fn stock_into(&self, bucket: i16, key: &mut String) {
-        use std::fmt::Write;
         key.clear();
         key.push_str(&self.base);
         key.push_str(":stock:");
-        let _ = write!(key, "{bucket}");
+        key.push_str(itoa::Buffer::new().format(bucket));
     }
 
     pub fn bucket_count(&self) -> String {
@@ -183,5 +182,11 @@ mod tests {
         let k = super::SkuKeys::new("seckill", 7, 42);
         assert_eq!(k.stock(3), "seckill:{7:42}:stock:3");
         assert_eq!(k.bucket_count(), "seckill:{7:42}:buckets");
+        // The reused buffer holds exactly the key `stock` builds, whatever it held.
+        let mut reused = String::from("something longer than a stock key");
+        for bucket in [0, 9, 10, 255, i16::MAX] {
+            k.stock_into(bucket, &mut reused);
+            assert_eq!(reused, format!("seckill:{{7:42}}:stock:{bucket}"));
+        }
     }
 }

@@ -269,8 +269,13 @@ pub async fn reserve(
     // EVALSHA built as one command, not a `ScriptInvocation`: that one allocates each
     // key and argument twice, and this call names every bucket's key (64 in the
     // demo sale); here they are written into the command's one buffer.
-    let mut eval = ::redis::cmd("EVALSHA");
-    eval.arg(RESERVE.get_hash())
+    let buckets_len = usize::try_from(buckets).unwrap_or(0);
+    let mut eval = ::redis::Cmd::with_capacity(
+        14 + buckets_len,
+        512 + buckets_len * (keys.stock(0).len() + 4),
+    );
+    eval.arg("EVALSHA")
+        .arg(RESERVE.get_hash())
         .arg(4 + i64::from(buckets.max(0)))
         .arg(keys.users())
         .arg(keys.pending())
