@@ -28,19 +28,29 @@ type Spawn<K, A> = Box<dyn Fn(&K) -> Addr<A>>;
 /// The gauges of one kind of actor, summed over the lanes' registries: live actors
 /// and messages in flight add up, the deepest mailbox is the deepest of any lane.
 pub struct RegistryGauges {
-    kind: &'static str,
     live: AtomicUsize,
     depth: AtomicUsize,
     deepest: Vec<AtomicUsize>,
+    /// The three gauges' handles, looked up once: `publish` runs for every message
+    /// routed, and three registry lookups each time were about 2 % of the engine's
+    /// CPU in the demo sale.
+    live_gauge: metrics::Gauge,
+    depth_gauge: metrics::Gauge,
+    deepest_gauge: metrics::Gauge,
 }
 
 impl RegistryGauges {
     pub fn new(kind: &'static str, lanes: usize) -> Arc<Self> {
+        // Handles taken before the process's recorder is installed would record
+        // nowhere, for good.
+        crate::telemetry::metrics();
         Arc::new(Self {
-            kind,
             live: AtomicUsize::new(0),
             depth: AtomicUsize::new(0),
             deepest: (0..lanes.max(1)).map(|_| AtomicUsize::new(0)).collect(),
+            live_gauge: metrics::gauge!(crate::telemetry::names::LIVE_ACTORS, "kind" => kind),
+            depth_gauge: metrics::gauge!(crate::telemetry::names::MAILBOX_DEPTH, "kind" => kind),
+            deepest_gauge: metrics::gauge!(crate::telemetry::names::MAILBOX_DEPTH_MAX, "kind" => kind),
         })
     }
 
@@ -51,12 +61,11 @@ impl RegistryGauges {
             .map(|d| d.load(Ordering::Relaxed))
             .max()
             .unwrap_or(0);
-        metrics::gauge!(crate::telemetry::names::LIVE_ACTORS, "kind" => self.kind)
+        self.live_gauge
             .set(self.live.load(Ordering::Relaxed) as f64);
-        metrics::gauge!(crate::telemetry::names::MAILBOX_DEPTH, "kind" => self.kind)
+        self.depth_gauge
             .set(self.depth.load(Ordering::Relaxed) as f64);
-        metrics::gauge!(crate::telemetry::names::MAILBOX_DEPTH_MAX, "kind" => self.kind)
-            .set(deepest as f64);
+        self.deepest_gauge.set(deepest as f64);
     }
 }
 
