@@ -425,15 +425,11 @@ async fn cleanup(db_name: String, names: Names, settings: Settings, queues: Vec<
         let _ = conn.close(200, "cleanup".into()).await;
     }
     if let Ok(mut redis) = seckill_engine::redis::connect(&settings.redis).await {
+        // SCAN, not KEYS: KEYS holds the shared server for its whole keyspace, and
+        // after a few demo sales (millions of keys) every other test's call waited
+        // up to a second behind each clean-up and timed out.
         let pattern = format!("{}:*", settings.redis.key_prefix);
-        let keys: Vec<String> = ::redis::cmd("KEYS")
-            .arg(&pattern)
-            .query_async(&mut redis)
-            .await
-            .unwrap_or_default();
-        if !keys.is_empty() {
-            let _: Result<(), _> = ::redis::cmd("DEL").arg(&keys).query_async(&mut redis).await;
-        }
+        let _ = try_delete_matching(&mut redis, &pattern).await;
     }
 }
 
@@ -730,6 +726,16 @@ pub async fn redis_delete_matching(
     redis: &mut ::redis::aio::MultiplexedConnection,
     pattern: &str,
 ) -> usize {
+    try_delete_matching(redis, pattern)
+        .await
+        .expect("SCAN and DEL")
+}
+
+/// `redis_delete_matching`, its error returned (a clean-up ignores it).
+async fn try_delete_matching(
+    redis: &mut ::redis::aio::MultiplexedConnection,
+    pattern: &str,
+) -> Result<usize, ::redis::RedisError> {
     let mut cursor: u64 = 0;
     let mut deleted = 0;
     loop {
@@ -740,18 +746,13 @@ pub async fn redis_delete_matching(
             .arg("COUNT")
             .arg(1_000)
             .query_async(redis)
-            .await
-            .expect("SCAN");
+            .await?;
         if !keys.is_empty() {
-            let n: usize = ::redis::cmd("DEL")
-                .arg(&keys)
-                .query_async(redis)
-                .await
-                .expect("DEL");
+            let n: usize = ::redis::cmd("DEL").arg(&keys).query_async(redis).await?;
             deleted += n;
         }
         if next == 0 {
-            return deleted;
+            return Ok(deleted);
         }
         cursor = next;
     }
