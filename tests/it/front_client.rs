@@ -3,6 +3,7 @@
 //! would.
 
 use std::collections::HashMap;
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use uuid::Uuid;
@@ -40,8 +41,14 @@ impl Front {
         addr: std::net::SocketAddr,
         settings: &seckill_engine::config::Settings,
     ) -> Self {
+        // A pooled connection is reused only well within the front stage's
+        // keep-alive (`frontstage.limits.keep_alive_ms`): awc's default of 15 s
+        // would hand out a connection the server closed at 5 s, and the request on
+        // it fails with `Disconnected` (seen under a loaded CI run).
+        let keep_alive = Duration::from_millis(settings.frontstage.limits.keep_alive_ms / 2);
+        let connector = awc::Connector::new().conn_keep_alive(keep_alive);
         Self {
-            client: awc::Client::default(),
+            client: awc::Client::builder().connector(connector).finish(),
             base: format!("http://{addr}"),
             secret: settings
                 .frontstage
